@@ -1,0 +1,34 @@
+"""sts-spark sidecar (layer L3): the gRPC gateway in front of vLLM.
+
+Public names, re-exported from their modules.
+"""
+
+# From sidecar.config
+from sidecar.config import (
+    EngineConfig,
+    ResultChannelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    SidecarConfig,
+)
+
+# From sidecar.client
+from sidecar.client import SidecarClient, request_to_proto
+
+# From sidecar.model_prep
+from sidecar.model_prep import prepare_default_model
+
+# From sidecar.result_schema
+from sidecar.result_schema import RESULT_SCHEMA
+
+__all__ = [
+    "EngineConfig",
+    "RESULT_SCHEMA",
+    "ResultChannelConfig",
+    "SchedulerConfig",
+    "ServerConfig",
+    "SidecarClient",
+    "SidecarConfig",
+    "prepare_default_model",
+    "request_to_proto",
+]

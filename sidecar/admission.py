@@ -1,0 +1,64 @@
+"""Admission checks: turn a submitted request into a refusal reason or ``None``.
+
+Pure functions of the request, the limits and the clock, so they are cheap and
+easy to test. Checks that need the tokenizer (prompt length in tokens) run after
+these, on the batch of requests that passed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sidecar.config import SchedulerConfig
+from sidecar.request_state import RefusalReason, SidecarRequest
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused request: machine-readable reason plus a sentence for people."""
+
+    reason: RefusalReason
+    detail: str
+
+
+def check_static(req: SidecarRequest, cfg: SchedulerConfig, *, model_names: frozenset[str],
+                 now_ms: int) -> Refusal | None:
+    """Checks that need no tokenizer. Returns the first refusal found, or ``None``."""
+    if req.priority is None:
+        return Refusal(RefusalReason.UNKNOWN_PRIORITY,
+                       "priority must be PRIORITY_HIGH, PRIORITY_NORMAL or PRIORITY_LOW")
+    if not req.prompt or not req.prompt.strip():
+        return Refusal(RefusalReason.EMPTY_PROMPT, "prompt is empty")
+    if len(req.prompt) > cfg.max_prompt_chars:
+        return Refusal(RefusalReason.PROMPT_TOO_LONG,
+                       f"prompt has {len(req.prompt)} characters; limit {cfg.max_prompt_chars}")
+    if not 1 <= req.max_tokens <= cfg.max_tokens_cap:
+        return Refusal(RefusalReason.MAX_TOKENS_OUT_OF_RANGE,
+                       f"max_tokens={req.max_tokens} must be in [1, {cfg.max_tokens_cap}]")
+    if not (math.isfinite(req.temperature) and 0.0 <= req.temperature <= 2.0):
+        return Refusal(RefusalReason.TEMPERATURE_OUT_OF_RANGE,
+                       f"temperature={req.temperature} must be in [0, 2]")
+    if req.model and req.model not in model_names:
+        return Refusal(RefusalReason.UNKNOWN_MODEL,
+                       f"model {req.model!r} is not served here (serving {sorted(model_names)})")
+    if req.deadline_ts <= 0:
+        return Refusal(RefusalReason.DEADLINE_PASSED, "deadline_ts is required (epoch ms)")
+    if req.deadline_ts <= now_ms:
+        return Refusal(RefusalReason.DEADLINE_PASSED,
+                       f"deadline_ts={req.deadline_ts} is {now_ms - req.deadline_ts} ms in the past")
+    return None
+
+
+def check_prompt_tokens(req: SidecarRequest, cfg: SchedulerConfig, *,
+                        max_model_len: int) -> Refusal | None:
+    """Checks on the tokenized prompt (``req.prompt_token_ids`` must be set)."""
+    n = req.prompt_tokens
+    if n > cfg.max_prompt_tokens:
+        return Refusal(RefusalReason.PROMPT_TOO_LONG,
+                       f"prompt has {n} tokens; limit {cfg.max_prompt_tokens}")
+    if n + req.max_tokens > max_model_len:
+        return Refusal(RefusalReason.PROMPT_TOO_LONG,
+                       f"prompt ({n} tokens) + max_tokens ({req.max_tokens}) exceeds the "
+                       f"model's context of {max_model_len} tokens")
+    return None

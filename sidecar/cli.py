@@ -1,0 +1,114 @@
+"""The ``sts`` command line. Sets up logging first, then imports what a command needs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+DEFAULT_CONFIG = Path("conf/sidecar.yaml")
+
+
+def _add_sidecar_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sidecar", help="run the gRPC gateway in front of vLLM")
+    p.add_argument("--config", type=Path, default=None,
+                   help=f"YAML config (default: {DEFAULT_CONFIG} if it exists)")
+    p.add_argument("--listen", help="host:port or unix:///path.sock")
+    p.add_argument("--results-dir", help="landing directory for result Parquet files")
+    p.add_argument("--engine", choices=["vllm", "simulated"], help="engine kind")
+    p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
+    p.add_argument("--max-in-flight", type=int, help="most requests inside the engine at once")
+    p.add_argument("--max-queued", type=int, help="most requests waiting in the sidecar")
+    p.add_argument("--sidecar-id", help="identity written into every result")
+    p.add_argument("--drain-timeout", type=float, help="seconds to drain on SIGTERM")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
+                   help="extra vLLM AsyncEngineArgs, e.g. --engine-arg max_num_seqs=4")
+    p.add_argument("--log-requests", action="store_true", default=None,
+                   help="log every request")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sts", description="sts-spark: LLM inference in streams")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="model files")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    prep = model_sub.add_parser("prepare", help="convert the packaged SmolLM2 GGUF for vLLM")
+    prep.add_argument("--cache-dir", type=Path, default=None,
+                      help="cache root (default $STS_CACHE_DIR or ~/.cache/sts-spark)")
+    prep.add_argument("--force", action="store_true", help="convert again")
+
+    _add_sidecar_parser(sub)
+
+    stats = sub.add_parser("sidecar-stats", help="print a sidecar's live figures as JSON")
+    stats.add_argument("--target", default="127.0.0.1:50051", help="sidecar address")
+    return parser
+
+
+def _parse_engine_args(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine-arg expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _run_sidecar(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sidecar.config import SidecarConfig
+    from sidecar.server import serve
+
+    path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    config = SidecarConfig.from_yaml(path) if path else SidecarConfig()
+    config = config.with_overrides({
+        "server.listen": args.listen,
+        "server.sidecar_id": args.sidecar_id,
+        "server.log_requests": args.log_requests,
+        "results.results_dir": args.results_dir,
+        "engine.kind": args.engine,
+        "engine.model": args.model,
+        "scheduler.max_in_flight": args.max_in_flight,
+        "scheduler.max_queued": args.max_queued,
+        "scheduler.drain_timeout_s": args.drain_timeout,
+    })
+    if args.engine_arg:
+        config.engine.engine_args.update(_parse_engine_args(args.engine_arg))
+    asyncio.run(serve(config))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "model":
+        from sidecar.model_prep import prepare_default_model
+
+        print(prepare_default_model(args.cache_dir, force=args.force))
+        return 0
+    if args.command == "sidecar":
+        return _run_sidecar(args)
+    if args.command == "sidecar-stats":
+        from google.protobuf.json_format import MessageToDict
+
+        from sidecar.client import SidecarClient
+
+        with SidecarClient(args.target) as client:
+            print(json.dumps(MessageToDict(client.stats()), indent=2))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""A small blocking client for the sidecar (used by the CLI, Spark tasks and tests)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.pb.sts.v1 import inference_pb2 as pb
+from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
+from sidecar.request_state import Priority
+
+_REQUEST_FIELDS = frozenset(pb.InferenceRequest.DESCRIPTOR.fields_by_name)
+
+
+def request_to_proto(row: Mapping[str, Any]) -> pb.InferenceRequest:
+    """Build a wire request from a mapping with the seed's field names.
+
+    ``priority`` may be ``"high"``/``"normal"``/``"low"`` or the enum value;
+    ``None`` values and unknown keys are ignored.
+    """
+    fields = {k: v for k, v in row.items() if k in _REQUEST_FIELDS and v is not None}
+    priority = fields.get("priority")
+    if isinstance(priority, str):
+        try:
+            fields["priority"] = int(Priority.parse(priority))
+        except ValueError:
+            fields["priority"] = pb.PRIORITY_UNSPECIFIED
+    return pb.InferenceRequest(**fields)
+
+
+class SidecarClient:
+    """Blocking gRPC client of ``sts.v1.Inference``.
+
+    Args:
+        target: ``host:port`` or ``unix:///path.sock``.
+        timeout_s: Deadline of each call.
+
+    Example:
+        >>> with SidecarClient("127.0.0.1:50051") as client:  # doctest: +SKIP
+        ...     acks = client.submit([{"request_id": "a", "prompt": "hi", ...}])
+    """
+
+    def __init__(self, target: str, *, timeout_s: float = 10.0) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(
+            target, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
+        self._stub = pb_grpc.InferenceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __enter__(self) -> "SidecarClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def submit(self, requests: Iterable[Mapping[str, Any] | pb.InferenceRequest]
+               ) -> pb.SubmitBatchResponse:
+        """Submit one batch; returns the response with one ack per request."""
+        msgs = [r if isinstance(r, pb.InferenceRequest) else request_to_proto(r)
+                for r in requests]
+        return self._stub.SubmitBatch(pb.SubmitBatchRequest(requests=msgs),
+                                      timeout=self.timeout_s)
+
+    def stats(self) -> pb.GetStatsResponse:
+        return self._stub.GetStats(pb.GetStatsRequest(), timeout=self.timeout_s)
+
+    def is_serving(self) -> bool:
+        """True when the standard health service answers ``SERVING``."""
+        try:
+            reply = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def wait_until_serving(self, timeout_s: float) -> None:
+        """Poll health until ``SERVING``; raise ``TimeoutError`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.is_serving():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"sidecar at {self.target} not serving after {timeout_s:.0f}s")

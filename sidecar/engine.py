@@ -1,0 +1,94 @@
+"""The engine interface the scheduler drives, and the factory that builds one.
+
+Two implementations: :class:`sidecar.vllm_engine.VllmEngine` (real generation
+with vLLM's ``AsyncLLM``) and :class:`sidecar.simulated_engine.SimulatedEngine`
+(a timing model of a continuous-batching GPU engine, for load tests).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sidecar.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What the engine needs to generate one answer."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    priority: int
+    """vLLM polarity: lower value is scheduled first."""
+
+
+@dataclass(frozen=True)
+class EngineProgress:
+    """Cumulative state of one generation, yielded as tokens arrive."""
+
+    text: str
+    """All text generated so far."""
+
+    output_tokens: int
+    cached_tokens: int
+    finished: bool
+    finish_reason: str | None = None
+    """``stop`` or ``length`` once finished."""
+
+
+@dataclass
+class EngineStats:
+    """Live engine figures (``None`` where the engine does not know)."""
+
+    kv_cache_usage: float | None = None
+    running: int | None = None
+    waiting: int | None = None
+
+
+class Engine(abc.ABC):
+    """A continuous-batching generator the scheduler hands requests to."""
+
+    #: ``vllm`` or ``simulated``; written into stats so outputs are labelled.
+    kind: str = ""
+
+    @property
+    @abc.abstractmethod
+    def model_name(self) -> str:
+        """Name requests may use in their ``model`` field."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model; return when the engine can take requests."""
+
+    @abc.abstractmethod
+    def encode_prompt(self, prompts: list[str]) -> list[list[int]]:
+        """Token ids of each prompt as it will be fed to the model (chat template applied)."""
+
+    @abc.abstractmethod
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
+        """Generate; the last item has ``finished=True``. Cancelling the consumer
+        aborts the request in the engine."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Release the engine. Idempotent."""
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """Build the engine ``config.kind`` names (imports vLLM only when needed)."""
+    if config.kind == "simulated":
+        from sidecar.simulated_engine import SimulatedEngine, SimulatedEngineConfig
+
+        return SimulatedEngine(SimulatedEngineConfig(**config.simulated),
+                               served_model_name=config.served_model_name)
+    from sidecar.vllm_engine import VllmEngine
+
+    return VllmEngine(config)

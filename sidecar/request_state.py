@@ -1,0 +1,201 @@
+"""Request lifecycle: a small enum state machine and the result record.
+
+Every state after ``RUNNING`` is terminal, so :meth:`RequestStatus.is_finished`
+is one comparison, and :data:`_FINISHED_STATUS_MAP` is the only mapping from a
+terminal state to the external ``status`` string.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from sidecar.pb.sts.v1 import inference_pb2 as pb
+
+
+class Priority(enum.IntEnum):
+    """Scheduling class; lower value runs first (vLLM's polarity), as on the wire."""
+
+    HIGH = pb.PRIORITY_HIGH
+    NORMAL = pb.PRIORITY_NORMAL
+    LOW = pb.PRIORITY_LOW
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: "str | int | Priority") -> "Priority":
+        """Accept ``"high"``, ``1`` or ``Priority.HIGH``; raise ``ValueError`` otherwise."""
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                raise ValueError(f"unknown priority {value!r}") from None
+        return cls(int(value))
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is. Anything after ``RUNNING`` is a finished status."""
+
+    QUEUED = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED_OK = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_EXPIRED = enum.auto()
+    FINISHED_SHED = enum.auto()
+    FINISHED_REJECTED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+
+    def is_finished(self) -> bool:
+        return self > RequestStatus.RUNNING
+
+    @property
+    def external(self) -> str:
+        """The ``status`` string written to the result channel."""
+        return _FINISHED_STATUS_MAP[self]
+
+
+_FINISHED_STATUS_MAP: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_OK: "ok",
+    RequestStatus.FINISHED_LENGTH: "ok",
+    RequestStatus.FINISHED_EXPIRED: "timeout",
+    RequestStatus.FINISHED_SHED: "shed",
+    RequestStatus.FINISHED_REJECTED: "rejected",
+    RequestStatus.FINISHED_ABORTED: "error",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+#: External status strings, in the order of the wire enum.
+STATUSES: tuple[str, ...] = ("ok", "timeout", "shed", "rejected", "error")
+
+
+class RefusalReason(enum.IntEnum):
+    """Why admission refused a request (mirrors ``sts.v1.RefusalReason``)."""
+
+    MISSING_REQUEST_ID = pb.REFUSAL_REASON_MISSING_REQUEST_ID
+    EMPTY_PROMPT = pb.REFUSAL_REASON_EMPTY_PROMPT
+    PROMPT_TOO_LONG = pb.REFUSAL_REASON_PROMPT_TOO_LONG
+    MAX_TOKENS_OUT_OF_RANGE = pb.REFUSAL_REASON_MAX_TOKENS_OUT_OF_RANGE
+    TEMPERATURE_OUT_OF_RANGE = pb.REFUSAL_REASON_TEMPERATURE_OUT_OF_RANGE
+    UNKNOWN_PRIORITY = pb.REFUSAL_REASON_UNKNOWN_PRIORITY
+    UNKNOWN_MODEL = pb.REFUSAL_REASON_UNKNOWN_MODEL
+    DEADLINE_PASSED = pb.REFUSAL_REASON_DEADLINE_PASSED
+    QUEUE_FULL = pb.REFUSAL_REASON_QUEUE_FULL
+    DEADLINE_INFEASIBLE = pb.REFUSAL_REASON_DEADLINE_INFEASIBLE
+    DRAINING = pb.REFUSAL_REASON_DRAINING
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+    @property
+    def status(self) -> RequestStatus:
+        """Invalid input is ``rejected``; refusals under load are ``shed``."""
+        if self in _SHED_REASONS:
+            return RequestStatus.FINISHED_SHED
+        return RequestStatus.FINISHED_REJECTED
+
+
+_SHED_REASONS = frozenset(
+    {RefusalReason.QUEUE_FULL, RefusalReason.DEADLINE_INFEASIBLE, RefusalReason.DRAINING}
+)
+
+
+def now_ms() -> int:
+    """Wall clock, epoch milliseconds (the unit of every ``*_ts`` field)."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class SidecarRequest:
+    """A request inside the sidecar, from admission to its terminal result."""
+
+    request_id: str
+    trace_id: str
+    priority: Priority | None
+    """``None`` when the wire value was not a known priority (refused at admission)."""
+    enqueue_ts: int
+    deadline_ts: int
+    model: str
+    prompt: str
+    max_tokens: int
+    temperature: float
+    cache_key: str = ""
+    callback_topic: str = ""
+    seed: int | None = None
+    received_ts: int = field(default_factory=now_ms)
+    prompt_token_ids: list[int] = field(default_factory=list, repr=False)
+    status: RequestStatus = RequestStatus.QUEUED
+    arrival_seq: int = 0
+    first_token_ts: int | None = None
+    finish_ts: int | None = None
+    text: str = ""
+    finish_reason: str = ""
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """One row of the result channel (columns: :data:`sidecar.result_schema.RESULT_SCHEMA`)."""
+
+    request_id: str
+    trace_id: str
+    status: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    enqueue_ts: int
+    received_ts: int
+    first_token_ts: int | None
+    finish_ts: int
+    ttft_ms: float | None
+    tpot_ms: float | None
+    error: str | None
+    sidecar_id: str
+    model: str
+    priority: str
+    deadline_ts: int
+    callback_topic: str
+
+    @classmethod
+    def from_request(cls, req: SidecarRequest, sidecar_id: str) -> "ResultRecord":
+        """Build the terminal row of a finished request, deriving TTFT and TPOT."""
+        if not req.status.is_finished():
+            raise ValueError(f"request {req.request_id!r} is not finished ({req.status.name})")
+        finish_ts = req.finish_ts if req.finish_ts is not None else now_ms()
+        ttft = tpot = None
+        if req.first_token_ts is not None:
+            ttft = float(req.first_token_ts - req.received_ts)
+            if req.output_tokens > 1:
+                tpot = (finish_ts - req.first_token_ts) / (req.output_tokens - 1)
+        return cls(
+            request_id=req.request_id,
+            trace_id=req.trace_id,
+            status=req.status.external,
+            text=req.text if req.status.external == "ok" else "",
+            finish_reason=req.finish_reason,
+            prompt_tokens=req.prompt_tokens,
+            output_tokens=req.output_tokens,
+            cached_tokens=req.cached_tokens,
+            enqueue_ts=req.enqueue_ts,
+            received_ts=req.received_ts,
+            first_token_ts=req.first_token_ts,
+            finish_ts=finish_ts,
+            ttft_ms=ttft,
+            tpot_ms=tpot,
+            error=req.error,
+            sidecar_id=sidecar_id,
+            model=req.model,
+            priority=str(req.priority) if isinstance(req.priority, Priority) else "",
+            deadline_ts=req.deadline_ts,
+            callback_topic=req.callback_topic,
+        )

@@ -1,0 +1,31 @@
+"""The result channel's columns, in one place for the sidecar and the Spark reader."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+#: One row per terminal request. Timestamps are epoch milliseconds.
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("trace_id", pa.string()),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("text", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("output_tokens", pa.int32()),
+        pa.field("cached_tokens", pa.int32()),
+        pa.field("enqueue_ts", pa.int64()),
+        pa.field("received_ts", pa.int64()),
+        pa.field("first_token_ts", pa.int64()),
+        pa.field("finish_ts", pa.int64()),
+        pa.field("ttft_ms", pa.float64()),
+        pa.field("tpot_ms", pa.float64()),
+        pa.field("error", pa.string()),
+        pa.field("sidecar_id", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("priority", pa.string()),
+        pa.field("deadline_ts", pa.int64()),
+        pa.field("callback_topic", pa.string()),
+    ]
+)

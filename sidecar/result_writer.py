@@ -1,0 +1,119 @@
+"""The ``files`` result channel: Parquet files appended atomically to a directory.
+
+Each flush writes one file under a hidden temporary name (``.part-...``) and
+renames it into place, so a reader (Spark's file source, Auto Loader, pyarrow)
+never sees a partial file. Pending results are flushed at least every
+``flush_interval_s`` and as soon as ``max_rows_per_file`` are pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sidecar.config import ResultChannelConfig
+from sidecar.request_state import ResultRecord, now_ms
+from sidecar.result_schema import RESULT_SCHEMA
+
+logger = logging.getLogger(__name__)
+
+_COLUMNS = [f.name for f in RESULT_SCHEMA]
+
+
+class ParquetResultWriter:
+    """Buffers :class:`ResultRecord` rows and writes them as Parquet files.
+
+    Args:
+        config: Directory, flush interval and file size.
+        sidecar_id: Part of every file name, so several sidecars can share a directory.
+
+    Example:
+        >>> writer = ParquetResultWriter(ResultChannelConfig(results_dir="/tmp/r"), "sc0")
+        >>> # inside the event loop: writer.start(); writer.emit(record); await writer.close()
+    """
+
+    def __init__(self, config: ResultChannelConfig, sidecar_id: str) -> None:
+        self.config = config
+        self.sidecar_id = sidecar_id
+        self.directory = Path(config.results_dir)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._pending: list[ResultRecord] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self.rows_written = 0
+        self.files_written = 0
+
+    def start(self) -> None:
+        """Start the background flush loop (call inside the event loop)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._flush_loop(), name="result-writer")
+
+    def emit(self, record: ResultRecord) -> None:
+        """Queue one terminal result; it is on disk within ``flush_interval_s``."""
+        self._pending.append(record)
+        if len(self._pending) >= self.config.max_rows_per_file:
+            self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush(self) -> None:
+        """Write everything pending now."""
+        async with self._write_lock:
+            while self._pending:
+                rows = self._pending[: self.config.max_rows_per_file]
+                del self._pending[: len(rows)]
+                await asyncio.to_thread(self._write_file, rows)
+
+    async def close(self) -> None:
+        """Stop the loop and write what is pending. Idempotent."""
+        if task := self._task:
+            self._task = None
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await self.flush()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can lose a cancel
+            # that arrives while the event is being set, and close() then hangs.
+            try:
+                async with asyncio.timeout(self.config.flush_interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception:  # keep flushing later; rows stay pending
+                logger.exception("Writing results to %s failed; will retry.", self.directory)
+
+    def _write_file(self, rows: list[ResultRecord]) -> None:
+        columns = {name: [] for name in _COLUMNS}
+        for row in rows:
+            for name in _COLUMNS:
+                columns[name].append(getattr(row, name))
+        table = pa.table(columns, schema=RESULT_SCHEMA)
+        name = f"part-{now_ms()}-{self.sidecar_id}-{next(self._seq):08d}.parquet"
+        tmp = self.directory / f".{name}.tmp"
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, self.directory / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            self._pending[:0] = rows  # put them back, in order
+            raise
+        self.rows_written += len(rows)
+        self.files_written += 1

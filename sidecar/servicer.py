@@ -1,0 +1,80 @@
+"""gRPC servicer: converts between proto messages and domain objects, then delegates."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from sidecar.pb.sts.v1 import inference_pb2 as pb
+from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
+from sidecar.request_state import Priority, SidecarRequest
+from sidecar.scheduler import Ack, Scheduler
+
+_PRIORITY_VALUES = {int(p) for p in Priority}
+
+
+def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
+    """Domain request from the wire message (an unknown priority becomes ``None``)."""
+    return SidecarRequest(
+        request_id=msg.request_id,
+        trace_id=msg.trace_id,
+        priority=Priority(msg.priority) if msg.priority in _PRIORITY_VALUES else None,
+        enqueue_ts=msg.enqueue_ts,
+        deadline_ts=msg.deadline_ts,
+        model=msg.model,
+        prompt=msg.prompt,
+        max_tokens=msg.max_tokens,
+        temperature=msg.temperature,
+        cache_key=msg.cache_key,
+        callback_topic=msg.callback_topic,
+        seed=msg.seed if msg.HasField("seed") else None,
+    )
+
+
+def ack_to_proto(ack: Ack) -> pb.SubmitAck:
+    return pb.SubmitAck(
+        request_id=ack.request_id,
+        accepted=ack.accepted,
+        reason=int(ack.reason) if ack.reason is not None else pb.REFUSAL_REASON_UNSPECIFIED,
+        detail=ack.detail,
+        duplicate=ack.duplicate,
+        received_ts=ack.received_ts,
+    )
+
+
+class InferenceServicer(pb_grpc.InferenceServicer):
+    """Implements ``sts.v1.Inference`` on top of a :class:`Scheduler`."""
+
+    def __init__(self, scheduler: Scheduler, *, engine_kind: str, started_at: float) -> None:
+        self.scheduler = scheduler
+        self.engine_kind = engine_kind
+        self.started_at = started_at
+
+    async def SubmitBatch(self, request: pb.SubmitBatchRequest,
+                          context: grpc.aio.ServicerContext) -> pb.SubmitBatchResponse:
+        acks = self.scheduler.submit_batch([request_from_proto(r) for r in request.requests])
+        return pb.SubmitBatchResponse(acks=[ack_to_proto(a) for a in acks],
+                                      sidecar_id=self.scheduler.sidecar_id)
+
+    async def GetStats(self, request: pb.GetStatsRequest,
+                       context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:
+        s = self.scheduler.stats()
+        return pb.GetStatsResponse(
+            sidecar_id=self.scheduler.sidecar_id,
+            engine=self.engine_kind,
+            model=self.scheduler.engine.model_name,
+            pools=[pb.PoolStats(priority=int(p), queued=s.queued[p], in_flight=s.in_flight[p])
+                   for p in Priority],
+            submitted=s.submitted,
+            accepted=s.accepted,
+            duplicates=s.duplicates,
+            results_by_status=s.results_by_status,
+            refusals_by_reason=s.refusals_by_reason,
+            output_tokens_per_s=s.output_tokens_per_s,
+            prompt_tokens_total=s.prompt_tokens_total,
+            cached_tokens_total=s.cached_tokens_total,
+            prefix_cache_hit_rate=s.prefix_cache_hit_rate,
+            draining=s.draining,
+            uptime_s=time.monotonic() - self.started_at,
+        )

@@ -1,0 +1,191 @@
+"""The ``simulated`` engine: a timing model of a continuous-batching GPU engine.
+
+For load tests and capacity planning at a scale this machine cannot reach. It
+generates no text (answers read ``[simulated] ...``) and is always labelled
+``simulated`` in stats and results. The model, per engine step:
+
+* admit waiting sequences (priority, then arrival) while the batch has fewer
+  than ``max_num_seqs`` and their KV footprint fits ``kv_capacity_tokens``;
+* the step lasts ``step_base_ms + step_per_seq_ms * batch`` plus the prefill of
+  newly admitted prompts at ``prefill_tokens_per_s``;
+* every running sequence emits one token; a sequence ends after ``max_tokens``.
+
+It is deterministic: the same arrivals give the same timings (up to the event
+loop's timer accuracy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from sidecar.engine import Engine, EngineProgress, EngineRequest, EngineStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SimulatedEngineConfig:
+    """Timing parameters. Defaults approximate a 7-8B model on one H100-class GPU
+    (about 3,400 output tokens/s at batch 64)."""
+
+    max_num_seqs: int = 64
+    """Most sequences decoded together (vLLM ``max_num_seqs``)."""
+
+    step_base_ms: float = 12.0
+    """Fixed cost of one decode step, milliseconds."""
+
+    step_per_seq_ms: float = 0.08
+    """Added step cost per running sequence, milliseconds."""
+
+    prefill_tokens_per_s: float = 20_000.0
+    """Prompt tokens processed per second when a sequence is admitted."""
+
+    kv_capacity_tokens: int = 200_000
+    """KV cache size in tokens (prompt plus ``max_tokens`` of each running sequence)."""
+
+    chars_per_token: float = 4.0
+    """Tokenizer stand-in: prompt tokens = characters / this."""
+
+    model_name: str = "simulated-llm"
+    """Name reported as the served model."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"{self.max_num_seqs=} must be >= 1")
+        if self.step_base_ms <= 0 or self.step_per_seq_ms < 0:
+            raise ValueError(f"{self.step_base_ms=} must be > 0 and {self.step_per_seq_ms=} >= 0")
+        if self.prefill_tokens_per_s <= 0 or self.kv_capacity_tokens < 1:
+            raise ValueError(
+                f"{self.prefill_tokens_per_s=} and {self.kv_capacity_tokens=} must be positive"
+            )
+
+    def step_seconds(self, batch: int) -> float:
+        """Duration of one decode step with ``batch`` running sequences."""
+        return (self.step_base_ms + self.step_per_seq_ms * batch) / 1000.0
+
+
+@dataclass
+class _SimSeq:
+    request: EngineRequest
+    out: asyncio.Queue[EngineProgress | BaseException]
+    generated: int = 0
+    footprint: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.footprint = len(self.request.prompt_token_ids) + self.request.max_tokens
+
+
+class SimulatedEngine(Engine):
+    """Continuous-batching timing model behind the :class:`Engine` interface.
+
+    Example:
+        >>> engine = SimulatedEngine(SimulatedEngineConfig(max_num_seqs=8))
+        >>> engine.model_name
+        'simulated-llm'
+    """
+
+    kind = "simulated"
+
+    def __init__(self, config: SimulatedEngineConfig | None = None, *,
+                 served_model_name: str | None = None) -> None:
+        self.config = config or SimulatedEngineConfig()
+        self._model_name = served_model_name or self.config.model_name
+        self._waiting: list[tuple[int, int, _SimSeq]] = []
+        self._running: dict[str, _SimSeq] = {}
+        self._kv_used = 0
+        self._arrivals = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.max_model_len = 1 << 20
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._step_loop(), name="simulated-engine")
+
+    def encode_prompt(self, prompts: list[str]) -> list[list[int]]:
+        per = self.config.chars_per_token
+        return [list(range(max(1, int(len(p) / per)))) for p in prompts]
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
+        if self._task is None:
+            raise RuntimeError("SimulatedEngine.start() was not awaited")
+        seq = _SimSeq(request, asyncio.Queue())
+        heapq.heappush(self._waiting, (request.priority, next(self._arrivals), seq))
+        self._wake.set()
+        try:
+            while True:
+                item = await seq.out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._drop(seq)
+
+    def _drop(self, seq: _SimSeq) -> None:
+        """Abort: forget the sequence wherever it is (no-op once it finished)."""
+        if seq.generated >= seq.request.max_tokens:
+            return
+        if self._running.pop(seq.request.request_id, None) is seq:
+            self._kv_used -= seq.footprint
+        else:
+            self._waiting = [w for w in self._waiting if w[2] is not seq]
+            heapq.heapify(self._waiting)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            kv_cache_usage=self._kv_used / self.config.kv_capacity_tokens,
+            running=len(self._running),
+            waiting=len(self._waiting),
+        )
+
+    async def _step_loop(self) -> None:
+        cfg = self.config
+        while True:
+            if not self._running and not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+            prefill_tokens = 0
+            while self._waiting and len(self._running) < cfg.max_num_seqs:
+                seq = self._waiting[0][2]
+                if self._running and self._kv_used + seq.footprint > cfg.kv_capacity_tokens:
+                    break
+                heapq.heappop(self._waiting)
+                self._running[seq.request.request_id] = seq
+                self._kv_used += seq.footprint
+                prefill_tokens += len(seq.request.prompt_token_ids)
+            batch = len(self._running)
+            await asyncio.sleep(cfg.step_seconds(batch) + prefill_tokens / cfg.prefill_tokens_per_s)
+            for rid, seq in list(self._running.items()):
+                seq.generated += 1
+                done = seq.generated >= seq.request.max_tokens
+                if seq.generated == 1 or done:
+                    seq.out.put_nowait(EngineProgress(
+                        text=f"[simulated] {seq.generated} tokens" if done else "",
+                        output_tokens=seq.generated,
+                        cached_tokens=0,
+                        finished=done,
+                        finish_reason="length" if done else None,
+                    ))
+                if done:
+                    del self._running[rid]
+                    self._kv_used -= seq.footprint
+
+    async def shutdown(self) -> None:
+        if task := self._task:
+            self._task = None
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass

@@ -1,0 +1,43 @@
+"""Session fixtures: the prepared SmolLM2, a tiny Llama, and one shared real sidecar."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from tests.tiny_llama import build_tiny_llama  # noqa: E402
+from tests.utils import RemoteSidecar  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf" / "sidecar.yaml"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The packaged SmolLM2 converted for vLLM (cached across runs)."""
+    from sidecar.model_prep import prepare_default_model
+
+    return prepare_default_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_sidecar(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
+                 ) -> Iterator[RemoteSidecar]:
+    """A real sidecar process (real vLLM, tiny Llama) with room for two requests in the
+    engine, so queueing and priority are visible. Tests use unique request ids."""
+    results = tmp_path_factory.mktemp("tiny-sidecar") / "results"
+    args = ["--config", str(CONF), "--model", str(tiny_llama_dir),
+            "--max-in-flight", "2", "--engine-arg", "max_num_seqs=2",
+            "--sidecar-id", "tiny-sidecar"]
+    with RemoteSidecar(results, args) as sidecar:
+        yield sidecar

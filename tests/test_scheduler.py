@@ -1,0 +1,163 @@
+"""Scheduler behaviour in process, on the simulated engine and on engines that misbehave
+on purpose (test doubles; the real-vLLM path is in test_sidecar_vllm.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sidecar.config import SchedulerConfig
+from sidecar.engine import EngineProgress, EngineRequest
+from sidecar.request_state import Priority, RefusalReason, ResultRecord, SidecarRequest, now_ms
+from sidecar.scheduler import Scheduler
+from sidecar.simulated_engine import SimulatedEngine, SimulatedEngineConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _req(rid: str, *, priority: Priority = Priority.NORMAL, max_tokens: int = 10,
+         deadline_in_ms: int = 30_000, prompt: str = "hello there") -> SidecarRequest:
+    now = now_ms()
+    return SidecarRequest(request_id=rid, trace_id="t", priority=priority, enqueue_ts=now,
+                          deadline_ts=now + deadline_in_ms, model="", prompt=prompt,
+                          max_tokens=max_tokens, temperature=0.0)
+
+
+async def _with_scheduler(engine, config: SchedulerConfig, body):
+    results: list[ResultRecord] = []
+    await engine.start()
+    scheduler = Scheduler(engine, results.append, config, "test")
+    scheduler.start()
+    try:
+        await body(scheduler, results)
+    finally:
+        await scheduler.abort_all()
+        await engine.shutdown()
+    return results
+
+
+async def _until(predicate, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def _fast_engine(**kw) -> SimulatedEngine:
+    return SimulatedEngine(SimulatedEngineConfig(step_base_ms=1.0, step_per_seq_ms=0.0, **kw))
+
+
+def test_queue_full_sheds_at_once() -> None:
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        acks = s.submit_batch([_req(f"q{i}", max_tokens=50) for i in range(6)])
+        assert [a.accepted for a in acks] == [True] * 3 + [False] * 3
+        assert {a.reason for a in acks[3:]} == {RefusalReason.QUEUE_FULL}
+        assert [r.status for r in results] == ["shed"] * 3  # refusals land before any work
+        await _until(lambda: len(results) == 6)
+
+    results = asyncio.run(_with_scheduler(
+        _fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1, max_queued=3), body))
+    assert sorted(r.request_id for r in results) == [f"q{i}" for i in range(6)]
+
+
+def test_every_request_ends_exactly_once_under_overload() -> None:
+    rng = random.Random(7)
+    n = 300
+
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        for start in range(0, n, 30):
+            s.submit_batch([_req(f"o{i}", priority=rng.choice(list(Priority)),
+                                 max_tokens=rng.choice([5, 20, 80, 400]),
+                                 deadline_in_ms=rng.choice([50, 300, 2000]))
+                            for i in range(start, start + 30)])
+            await asyncio.sleep(0.02)
+        await _until(lambda: len(results) == n, 30)
+        stats = s.stats()
+        assert sum(stats.queued.values()) == sum(stats.in_flight.values()) == 0
+
+    results = asyncio.run(_with_scheduler(
+        _fast_engine(max_num_seqs=8), SchedulerConfig(max_in_flight=8, max_queued=100), body))
+    ids = [r.request_id for r in results]
+    assert len(ids) == len(set(ids)) == n
+    statuses = {r.status for r in results}
+    assert statuses <= {"ok", "timeout", "shed"} and {"ok", "timeout", "shed"} <= statuses
+
+
+def test_high_runs_before_queued_low_on_simulated_engine() -> None:
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.submit_batch([_req(f"low{i}", priority=Priority.LOW, max_tokens=30) for i in range(4)])
+        await asyncio.sleep(0.005)
+        s.submit_batch([_req("high", priority=Priority.HIGH, max_tokens=30)])
+        await _until(lambda: len(results) == 5)
+
+    results = asyncio.run(_with_scheduler(
+        _fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1), body))
+    order = [r.request_id for r in results]
+    assert order.index("high") <= 1, order
+
+
+def test_drain_timeout_aborts_leftovers_with_one_result_each() -> None:
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.submit_batch([_req(f"d{i}", max_tokens=2000) for i in range(3)])
+        await asyncio.sleep(0.05)
+        await s.drain(timeout_s=0.1)
+        late = s.submit_batch([_req("after-drain")])[0]
+        assert late.reason is RefusalReason.DRAINING
+
+    results = asyncio.run(_with_scheduler(
+        _fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1), body))
+    by_id = {r.request_id: r for r in results}
+    assert len(by_id) == len(results) == 4
+    assert {by_id[f"d{i}"].status for i in range(3)} == {"error"}
+    assert {by_id[f"d{i}"].finish_reason for i in range(3)} == {"abort"}
+    assert by_id["after-drain"].status == "shed"
+
+
+class FailingEngine(SimulatedEngine):
+    """Test double: every other request raises inside the engine."""
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
+        if request.request_id.endswith(("1", "3")):
+            raise RuntimeError("CUDA error: device-side assert (simulated)")
+        async for progress in super().generate(request):
+            yield progress
+
+
+def test_engine_failure_is_an_error_row_not_a_crash() -> None:
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.submit_batch([_req(f"f{i}") for i in range(4)])
+        await _until(lambda: len(results) == 4)
+        s.submit_batch([_req("after")])
+        await _until(lambda: len(results) == 5)
+
+    results = asyncio.run(_with_scheduler(
+        FailingEngine(SimulatedEngineConfig(step_base_ms=1.0)), SchedulerConfig(), body))
+    by_id = {r.request_id: r for r in results}
+    assert by_id["f1"].status == by_id["f3"].status == "error"
+    assert "device-side assert" in by_id["f1"].error
+    assert by_id["f0"].status == by_id["f2"].status == by_id["after"].status == "ok"
+
+
+def test_simulated_engine_batches_continuously() -> None:
+    """Eight 50-token requests take about 50 steps together, not 400."""
+    cfg = SimulatedEngineConfig(max_num_seqs=8, step_base_ms=5.0, step_per_seq_ms=0.0)
+
+    async def run() -> float:
+        engine = SimulatedEngine(cfg)
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def one(i: int) -> None:
+            async for _ in engine.generate(EngineRequest(f"s{i}", [0] * 8, 50, 0.0, None, 2)):
+                pass
+
+        await asyncio.gather(*(one(i) for i in range(8)))
+        await engine.shutdown()
+        return loop.time() - start
+
+    elapsed = asyncio.run(run())
+    assert 50 * cfg.step_seconds(8) * 0.9 <= elapsed < 400 * cfg.step_seconds(8) / 2
