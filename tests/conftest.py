@@ -41,3 +41,18 @@ def tiny_sidecar(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
             "--sidecar-id", "tiny-sidecar"]
     with RemoteSidecar(results, args) as sidecar:
         yield sidecar
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole test session."""
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("sts-tests")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.streaming.multipleWatermarkPolicy", "max")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,183 @@
+"""Configuration of the Spark side: one dataclass per concern, loadable from YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+from spark_ext.exceptions import PipelineConfigError
+
+SourceFormat = Literal["json", "parquet", "csv", "rate"]
+PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
+
+
+@dataclass
+class SourceConfig:
+    """L0: where events come from."""
+
+    format: SourceFormat = "json"
+    """File format of the landing directory, or ``rate`` for load tests."""
+
+    path: str = "./sts-demo/events"
+    """Landing directory of event files."""
+
+    schema: str = "event_id STRING, text STRING, priority STRING, event_ts LONG"
+    """DDL schema of the events (file sources never infer it)."""
+
+    options: dict[str, str] = field(default_factory=lambda: {"maxFilesPerTrigger": "50"})
+    """Extra reader options."""
+
+
+@dataclass
+class TaggingConfig:
+    """L1: request columns added to every event."""
+
+    key_columns: list[str] = field(default_factory=lambda: ["event_id"])
+    """Columns that identify an event; ``request_id`` is a hash of them (stable on replay)."""
+
+    priority: str = "priority"
+    """Column name or SQL expression giving ``high``/``normal``/``low``."""
+
+    event_time_ms: str | None = "event_ts"
+    """Column with the event's epoch-ms time used as ``enqueue_ts``; ``None`` = tagging time."""
+
+    trace_id: str | None = None
+    """Column carrying a trace id; ``None`` = reuse ``request_id``."""
+
+    sla_ms: dict[str, int] = field(default_factory=lambda: {"high": 3000, "normal": 10000,
+                                                             "low": 30000})
+    """Deadline per priority: ``deadline_ts = enqueue_ts + sla_ms[priority]``."""
+
+    model: str = ""
+    """Model name sent with each request (empty = the sidecar's model)."""
+
+    max_tokens: int = 64
+    """``max_tokens`` of each request."""
+
+    temperature: float = 0.0
+    """Sampling temperature."""
+
+    callback_topic: str = "llm.result.{priority}"
+    """Result routing; ``{priority}`` is replaced per request."""
+
+    def __post_init__(self) -> None:
+        if set(self.sla_ms) != set(PRIORITIES) or min(self.sla_ms.values()) <= 0:
+            raise PipelineConfigError(f"{self.sla_ms=} needs positive values for {PRIORITIES}")
+        if not self.key_columns:
+            raise PipelineConfigError(f"{self.key_columns=} must name at least one column")
+
+
+@dataclass
+class TemplateConfig:
+    """L2: the prompt template (stable part first)."""
+
+    stable: str = ("You are a support assistant. Reply to the customer's ticket in one short, "
+                   "polite sentence.\n")
+    """System prompt, examples and fixed context."""
+
+    dynamic: str = "Ticket: {text}"
+    """Per-event part with ``{column}`` fields."""
+
+
+@dataclass
+class SidecarEndpointConfig:
+    """L3: where and how requests are submitted."""
+
+    endpoint: str = "127.0.0.1:50051"
+    """Default sidecar address (``host:port`` or ``unix:///path.sock``)."""
+
+    gpu_endpoint: str | None = None
+    """Per-GPU address template used when the task has a GPU, e.g.
+    ``unix:///run/sts/sts-gpu{gpu}.sock``; ``None`` = always ``endpoint``."""
+
+    timeout_s: float = 5.0
+    """Connect plus ack deadline of one SubmitBatch call."""
+
+    max_batch: int = 512
+    """Most requests per SubmitBatch call."""
+
+    results_dir: str = "./sts-demo/results"
+    """The sidecar's result landing directory."""
+
+
+@dataclass
+class JoinConfig:
+    """L4: matching results to requests."""
+
+    grace_ms: int = 2000
+    """A result counts as on time until ``deadline_ts + grace_ms``."""
+
+    results_watermark: str = "5 seconds"
+    """How late result files may arrive relative to the newest one."""
+
+    fallback_text: str = ("Thanks for your message. An agent will get back to you shortly.")
+    """Rule fallback answer for requests without an on-time model answer."""
+
+
+@dataclass
+class OutputConfig:
+    """Tables and checkpoints."""
+
+    out_dir: str = "./sts-demo/out"
+    """Root of the Delta tables (``answers``, ``requests``, ``results``)."""
+
+    checkpoint_dir: str = "./sts-demo/checkpoints"
+    """Root of the streaming checkpoints (one folder per query)."""
+
+    acks_dir: str = "./sts-demo/acks"
+    """Parquet landing of ack rows, read by the join query."""
+
+    trigger_s: float = 1.0
+    """Processing-time trigger interval of every query."""
+
+    def table(self, name: str) -> str:
+        return str(Path(self.out_dir) / name)
+
+    def checkpoint(self, name: str) -> str:
+        return str(Path(self.checkpoint_dir) / name)
+
+
+@dataclass
+class PipelineConfig:
+    """The whole Spark-side pipeline (``conf/pipeline.yaml``)."""
+
+    source: SourceConfig = field(default_factory=SourceConfig)
+    tagging: TaggingConfig = field(default_factory=TaggingConfig)
+    template: TemplateConfig = field(default_factory=TemplateConfig)
+    sidecar: SidecarEndpointConfig = field(default_factory=SidecarEndpointConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    SECTIONS: ClassVar[dict[str, type]] = {
+        "source": SourceConfig, "tagging": TaggingConfig, "template": TemplateConfig,
+        "sidecar": SidecarEndpointConfig, "join": JoinConfig, "output": OutputConfig,
+    }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "PipelineConfig":
+        """Build from a nested mapping; unknown sections or keys are errors."""
+        data = dict(data or {})
+        unknown = set(data) - set(cls.SECTIONS)
+        if unknown:
+            raise PipelineConfigError(f"unknown pipeline config sections: {sorted(unknown)}")
+        kwargs = {}
+        for name, section_cls in cls.SECTIONS.items():
+            values = data.get(name) or {}
+            names = {f.name for f in dataclasses.fields(section_cls)}
+            if extra := set(values) - names:
+                raise PipelineConfigError(f"unknown keys in section {name!r}: {sorted(extra)}")
+            kwargs[name] = section_cls(**values)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> "PipelineConfig":
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(yaml.safe_load(f))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

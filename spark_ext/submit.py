@@ -1,0 +1,127 @@
+"""Fire-and-forget submission: one SubmitBatch RPC per Arrow batch, ack rows out.
+
+:func:`submit_requests` is a DataFrame -> DataFrame step built on
+``mapInArrow``. It never waits for generation: each task sends its rows to the
+sidecar and yields one ack row per request as soon as the sidecar admitted or
+refused them. An unreachable or slow sidecar (connect/ack deadline
+``timeout_s``) turns into ``accepted = false`` rows with reason ``unavailable``
+instead of a failed query, so L4 answers those requests with the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+
+from spark_ext.config import SidecarEndpointConfig
+
+logger = logging.getLogger(__name__)
+
+#: Columns the submit step adds to each request row.
+ACK_FIELDS = [
+    StructField("accepted", BooleanType(), False),
+    StructField("reason", StringType(), True),
+    StructField("detail", StringType(), True),
+    StructField("duplicate", BooleanType(), False),
+    StructField("submit_ts", LongType(), False),
+    StructField("sidecar_id", StringType(), True),
+    StructField("endpoint", StringType(), True),
+]
+_ACK_ARROW = pa.schema([
+    ("accepted", pa.bool_()), ("reason", pa.string()), ("detail", pa.string()),
+    ("duplicate", pa.bool_()), ("submit_ts", pa.int64()), ("sidecar_id", pa.string()),
+    ("endpoint", pa.string()),
+])
+
+
+def resolve_endpoint(config: SidecarEndpointConfig) -> str:
+    """The sidecar this task should use: the one of its GPU, else the default.
+
+    Spark assigns GPUs to tasks (``spark.task.resource.gpu.amount``); the first
+    address ``N`` maps to ``config.gpu_endpoint.format(gpu=N)``.
+    """
+    if config.gpu_endpoint:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        gpus = ctx.resources().get("gpu") if ctx is not None else None
+        if gpus is not None and gpus.addresses:
+            return config.gpu_endpoint.format(gpu=gpus.addresses[0])
+    return config.endpoint
+
+
+def _refused(n: int, reason: str, detail: str, now: int, endpoint: str) -> dict[str, list]:
+    return {"accepted": [False] * n, "reason": [reason] * n, "detail": [detail] * n,
+            "duplicate": [False] * n, "submit_ts": [now] * n, "sidecar_id": [None] * n,
+            "endpoint": [endpoint] * n}
+
+
+def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
+                   ) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body: submit each batch, yield it with ack columns (no prompt)."""
+    import grpc
+
+    from sidecar.client import SidecarClient, request_to_proto
+    from sidecar.pb.sts.v1 import inference_pb2 as pb
+    from sidecar.request_state import now_ms
+
+    endpoint = resolve_endpoint(config)
+    client = SidecarClient(endpoint, timeout_s=config.timeout_s)
+    try:
+        for batch in batches:
+            for start in range(0, batch.num_rows, config.max_batch):
+                chunk = batch.slice(start, config.max_batch)
+                rows = chunk.to_pylist()
+                now = now_ms()
+                try:
+                    reply = client.submit([request_to_proto(r) for r in rows])
+                    acks = {
+                        "accepted": [a.accepted for a in reply.acks],
+                        "reason": [None if a.accepted else
+                                   pb.RefusalReason.Name(a.reason)
+                                   .removeprefix("REFUSAL_REASON_").lower()
+                                   for a in reply.acks],
+                        "detail": [a.detail or None for a in reply.acks],
+                        "duplicate": [a.duplicate for a in reply.acks],
+                        "submit_ts": [now] * len(rows),
+                        "sidecar_id": [reply.sidecar_id] * len(rows),
+                        "endpoint": [endpoint] * len(rows),
+                    }
+                    if len(reply.acks) != len(rows):
+                        raise RuntimeError(f"{len(reply.acks)} acks for {len(rows)} requests")
+                except grpc.RpcError as e:
+                    code = e.code()
+                    logger.warning("Sidecar %s did not ack %d requests: %s", endpoint,
+                                   len(rows), code)
+                    acks = _refused(len(rows), "unavailable", f"{code.name}: {e.details()}",
+                                    now, endpoint)
+                keep = [n for n in chunk.schema.names if n != "prompt"]
+                arrays = [chunk.column(n) for n in keep]
+                arrays += [pa.array(acks[f.name], type=f.type) for f in _ACK_ARROW]
+                yield pa.RecordBatch.from_arrays(arrays, names=keep + _ACK_ARROW.names)
+    finally:
+        client.close()
+
+
+def ack_schema(requests: DataFrame) -> StructType:
+    """Schema of :func:`submit_requests`'s output for a given request DataFrame."""
+    kept = [f for f in requests.schema.fields if f.name != "prompt"]
+    return StructType(kept + ACK_FIELDS)
+
+
+def submit_requests(requests: DataFrame, config: SidecarEndpointConfig) -> DataFrame:
+    """Send every request row to the sidecar; return one ack row per request.
+
+    The output keeps the input columns except ``prompt`` and adds ``accepted``,
+    ``reason``, ``detail``, ``duplicate``, ``submit_ts``, ``sidecar_id`` and
+    ``endpoint``.
+
+    Example:
+        >>> acks = submit_requests(build_requests(events, tagging, template),  # doctest: +SKIP
+        ...                        SidecarEndpointConfig(endpoint="127.0.0.1:50051"))
+    """
+    return requests.mapInArrow(lambda it: submit_batches(it, config), ack_schema(requests))

@@ -1,0 +1,64 @@
+"""L1/L2: add the seed's request columns to any (streaming) DataFrame."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from spark_ext.config import PRIORITIES, TaggingConfig
+from spark_ext.template import PromptTemplate
+
+#: Columns every request row carries after :func:`build_requests`.
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "request_id", "trace_id", "priority", "enqueue_ts", "deadline_ts", "model", "prompt",
+    "max_tokens", "temperature", "cache_key", "callback_topic",
+)
+
+
+def _expr(name_or_expr: str, df: DataFrame) -> Column:
+    return F.col(name_or_expr) if name_or_expr in df.columns else F.expr(name_or_expr)
+
+
+def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplate) -> DataFrame:
+    """Return ``df`` with the request columns added (existing columns are kept).
+
+    ``request_id`` is a SHA-256 of the key columns, so a replayed event maps to
+    the same id and the sidecar and the Delta MERGE drop the replay. Priorities
+    are lower-cased; an unknown one is kept as is and refused by the sidecar with
+    a ``rejected`` result (it is never dropped silently).
+
+    Example:
+        >>> reqs = build_requests(events, TaggingConfig(), PromptTemplate(  # doctest: +SKIP
+        ...     stable="You triage tickets.\\n", dynamic="Ticket: {text}"))
+    """
+    missing = [c for c in [*config.key_columns, *template.fields] if c not in df.columns]
+    if missing:
+        raise ValueError(f"columns {missing} are missing from the events ({df.columns})")
+    key = F.concat_ws("\u001f", *[F.coalesce(F.col(c).cast("string"), F.lit("")) for c in
+                                  config.key_columns])
+    request_id = F.substring(F.sha2(key, 256), 1, 32)
+    priority = F.lower(F.trim(_expr(config.priority, df).cast("string")))
+    if config.event_time_ms:
+        enqueue = _expr(config.event_time_ms, df).cast("long")
+    else:
+        enqueue = (F.unix_micros(F.current_timestamp()) / 1000).cast("long")
+    sla = F.lit(None).cast("long")
+    for p in reversed(PRIORITIES):
+        sla = F.when(F.col("priority") == p, F.lit(config.sla_ms[p])).otherwise(sla)
+    out = (df.withColumn("request_id", request_id)
+             .withColumn("trace_id", F.col(config.trace_id).cast("string") if config.trace_id
+                         else F.col("request_id"))
+             .withColumn("priority", priority)
+             .withColumn("enqueue_ts", F.coalesce(enqueue, (F.unix_micros(
+                 F.current_timestamp()) / 1000).cast("long")))
+             # unknown priority: give it the normal SLA; the sidecar refuses it anyway
+             .withColumn("deadline_ts", F.col("enqueue_ts") + F.coalesce(
+                 sla, F.lit(config.sla_ms["normal"])))
+             .withColumn("model", F.lit(config.model))
+             .withColumn("prompt", template.column())
+             .withColumn("max_tokens", F.lit(config.max_tokens).cast("int"))
+             .withColumn("temperature", F.lit(config.temperature).cast("float"))
+             .withColumn("cache_key", F.lit(template.cache_key))
+             .withColumn("callback_topic", F.replace(F.lit(config.callback_topic),
+                                                     F.lit("{priority}"), F.col("priority"))))
+    return out
