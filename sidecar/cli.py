@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_sidecar_parser(sub)
 
+    demo = sub.add_parser("demo", help="run the whole system end to end on this machine")
+    demo.add_argument("--rate", type=float, default=3.0, help="events per second")
+    demo.add_argument("--duration", type=float, default=40.0, help="seconds of replay")
+    demo.add_argument("--out", default="./sts-demo", help="output folder (replaced)")
+    demo.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
+    demo.add_argument("--max-tokens", type=int, default=48)
+
     stats = sub.add_parser("sidecar-stats", help="print a sidecar's live figures as JSON")
     stats.add_argument("--target", default="127.0.0.1:50051", help="sidecar address")
     return parser
@@ -99,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "sidecar":
         return _run_sidecar(args)
+    if args.command == "demo":
+        from spark_ext.demo import DemoOptions, print_summary, run_demo
+
+        summary = run_demo(DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
+                                       engine=args.engine, max_tokens=args.max_tokens))
+        print_summary(summary)
+        return 0
     if args.command == "sidecar-stats":
         from google.protobuf.json_format import MessageToDict
 

@@ -140,21 +140,12 @@ class SidecarConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SidecarConfig":
         """Build from a nested mapping (as read from YAML); unknown keys are errors."""
-        data = dict(data or {})
-        sections = {f.name: f.type for f in dataclasses.fields(cls)}
-        unknown = set(data) - set(sections)
-        if unknown:
-            raise ValueError(f"unknown sidecar config sections: {sorted(unknown)}")
-        kwargs = {}
-        for name, section_cls in _SECTION_TYPES.items():
-            kwargs[name] = _build(section_cls, data.get(name) or {}, name)
-        return cls(**kwargs)
+        return cls(**build_sections(_SECTION_TYPES, data, what="sidecar config"))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "SidecarConfig":
         """Read a YAML file such as ``conf/sidecar.yaml``."""
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(yaml.safe_load(f))
+        return cls.from_dict(read_yaml(path))
 
     def with_overrides(self, overrides: dict[str, Any]) -> "SidecarConfig":
         """Return a copy with dotted keys replaced (``{"server.listen": "..."}``);
@@ -178,12 +169,30 @@ _SECTION_TYPES: dict[str, type] = {
 }
 
 
-def _build(section_cls: type, values: dict[str, Any], section: str) -> Any:
-    names = {f.name for f in dataclasses.fields(section_cls)}
-    unknown = set(values) - names
-    if unknown:
-        raise ValueError(f"unknown keys in config section {section!r}: {sorted(unknown)}")
-    return section_cls(**values)
+def build_sections(sections: dict[str, type], data: dict[str, Any] | None, *, what: str,
+                   error: type[Exception] = ValueError) -> dict[str, Any]:
+    """Instantiate one dataclass per section from a nested mapping.
+
+    Unknown sections and unknown keys raise ``error`` naming them; missing
+    sections get their defaults. Shared by the sidecar and pipeline configs.
+    """
+    data = dict(data or {})
+    if unknown := set(data) - set(sections):
+        raise error(f"unknown {what} sections: {sorted(unknown)}")
+    built = {}
+    for name, section_cls in sections.items():
+        values = data.get(name) or {}
+        names = {f.name for f in dataclasses.fields(section_cls)}
+        if extra := set(values) - names:
+            raise error(f"unknown keys in {what} section {name!r}: {sorted(extra)}")
+        built[name] = section_cls(**values)
+    return built
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Load one YAML document."""
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
 
 
 def default_cache_dir() -> Path:

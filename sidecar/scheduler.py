@@ -266,7 +266,7 @@ class Scheduler:
                         req.first_token_ts = now_ms()
                     req.text = progress.text
                     req.output_tokens = progress.output_tokens
-                    req.cached_tokens = progress.cached_tokens
+                    req.cached_tokens = max(req.cached_tokens, progress.cached_tokens)
                     if progress.finished:
                         finish_reason = progress.finish_reason or "stop"
                         status = (RequestStatus.FINISHED_LENGTH if finish_reason == "length"

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
-
+from sidecar.config import build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
@@ -161,23 +160,13 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "PipelineConfig":
         """Build from a nested mapping; unknown sections or keys are errors."""
-        data = dict(data or {})
-        unknown = set(data) - set(cls.SECTIONS)
-        if unknown:
-            raise PipelineConfigError(f"unknown pipeline config sections: {sorted(unknown)}")
-        kwargs = {}
-        for name, section_cls in cls.SECTIONS.items():
-            values = data.get(name) or {}
-            names = {f.name for f in dataclasses.fields(section_cls)}
-            if extra := set(values) - names:
-                raise PipelineConfigError(f"unknown keys in section {name!r}: {sorted(extra)}")
-            kwargs[name] = section_cls(**values)
-        return cls(**kwargs)
+        return cls(**build_sections(cls.SECTIONS, data, what="pipeline config",
+                                    error=PipelineConfigError))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "PipelineConfig":
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(yaml.safe_load(f))
+        """Read a YAML file such as ``conf/pipeline.yaml``."""
+        return cls.from_dict(read_yaml(path))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -34,7 +34,10 @@ def _answer_columns(key_columns: list[str]) -> list[str]:
 
 
 def refused_answers(acks: DataFrame, join: JoinConfig, key_columns: list[str]) -> DataFrame:
-    """Fallback answers for requests the sidecar did not accept (at once)."""
+    """Fallback answers for requests the sidecar did not accept (at once).
+
+    ``answered_ts``/``latency_ms``/``deadline_met`` here are provisional; the
+    writer stamps them with the time the answer lands (``stamp_answered``)."""
     out = (acks.filter(~F.col("accepted"))
            .withColumn("answer", F.lit(join.fallback_text))
            .withColumn("answer_source", F.lit("fallback"))

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -34,6 +35,23 @@ from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
 
 logger = logging.getLogger(__name__)
+
+
+def stamp_answered(answers: pa.Table) -> pa.Table:
+    """Set ``answered_ts`` to now (when the answer lands in Delta), and derive
+    ``latency_ms`` and ``deadline_met`` from it: end-to-end as a reader sees it."""
+    now = now_ms()
+    n = answers.num_rows
+    enqueue = answers.column("enqueue_ts")
+    deadline = answers.column("deadline_ts")
+    replace = {
+        "answered_ts": pa.array([now] * n, pa.int64()),
+        "latency_ms": pc.subtract(pa.scalar(now, pa.int64()), enqueue),
+        "deadline_met": pc.less_equal(pa.scalar(now, pa.int64()), deadline),
+    }
+    for name, values in replace.items():
+        answers = answers.set_column(answers.schema.get_field_index(name), name, values)
+    return answers
 
 
 def write_parquet_atomically(table: pa.Table, directory: str, name: str) -> None:
@@ -63,7 +81,10 @@ class StsPipeline:
         self.requests_table = DeltaSink(out.table("requests"))
         self.results_table = DeltaSink(out.table("results"))
         self.queries: list[StreamingQuery] = []
-        for d in (out.acks_dir, config.sidecar.results_dir, out.out_dir, out.checkpoint_dir):
+        folders = [out.acks_dir, config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
+        if config.source.format != "rate" and "://" not in config.source.path:
+            folders.append(config.source.path)  # Spark's file source needs it to exist
+        for d in folders:
             Path(d).mkdir(parents=True, exist_ok=True)
 
     # -------------------------------------------------------------- DataFrames
@@ -91,13 +112,13 @@ class StsPipeline:
         write_parquet_atomically(table, self.config.output.acks_dir, f"acks-{batch_id:09d}.parquet")
         self.requests_table.insert_new(table)
         refused = refused_answers(batch, self.config.join, self.config.tagging.key_columns)
-        self.answers.insert_new(refused.toArrow())
+        self.answers.insert_new(stamp_answered(refused.toArrow()))
 
     def _write_answers(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
         if table.num_rows == 0:
             return
-        self.answers.insert_new(table)
+        self.answers.insert_new(stamp_answered(table))
         # A result that reached the results table before this fallback row existed
         # would be missed by the results query's backfill: merge it now.
         if self.results_table.exists():
@@ -106,7 +127,7 @@ class StsPipeline:
 
     def _write_results(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.drop("result_time").toArrow()
-        table = table.filter(pa.compute.not_equal(table.column("request_id"), HEARTBEAT_ID))
+        table = table.filter(pc.not_equal(table.column("request_id"), HEARTBEAT_ID))
         if table.num_rows == 0:
             return
         self.results_table.insert_new(table)

@@ -1,0 +1,267 @@
+"""``sts demo``: the whole system on one machine, end to end.
+
+Prepares the model, starts a sidecar (real vLLM, SmolLM2) as a child process,
+starts Spark in local mode, replays the shipped support tickets into a landing
+directory at ``rate`` events/s for ``duration`` seconds, runs the pipeline, and
+prints a summary. Both processes are shut down cleanly, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DemoOptions:
+    """Knobs of ``sts demo``."""
+
+    rate: float = 3.0
+    """Events per second replayed into the landing directory."""
+
+    duration: float = 40.0
+    """Seconds of replay."""
+
+    out: str = "./sts-demo"
+    """Root of everything the demo writes (tables under ``out/tables``)."""
+
+    engine: str = "vllm"
+    """Sidecar engine (``vllm``, or ``simulated`` for a quick look)."""
+
+    max_tokens: int = 48
+    """``max_tokens`` of each request."""
+
+    sla_ms: tuple[int, int, int] = (8000, 15000, 30000)
+    """SLA of high, normal and low requests."""
+
+    drain_timeout_s: float = 90.0
+    """After the replay, how long to wait for the last answers."""
+
+
+def load_samples() -> list[dict]:
+    """The shipped support tickets (300 rows: ticket_id, text, priority)."""
+    text = resources.files("spark_ext").joinpath("samples/support_tickets.jsonl").read_text(
+        encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class EventReplayer(threading.Thread):
+    """Writes sample events as JSON files into ``folder`` at ``rate`` events/s."""
+
+    def __init__(self, folder: Path, rate: float, duration: float, samples: list[dict]) -> None:
+        super().__init__(name="event-replayer", daemon=True)
+        self.folder, self.rate, self.duration = folder, rate, duration
+        self.samples = samples
+        self.sent = 0
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        cycle = itertools.cycle(self.samples)
+        start = time.monotonic()
+        tick = 0.5
+        while not self.stopped.is_set():
+            elapsed = time.monotonic() - start
+            if elapsed >= self.duration:
+                break
+            due = int(min(elapsed + tick, self.duration) * self.rate) - self.sent
+            if due > 0:
+                now = int(time.time() * 1000)
+                rows = []
+                for _ in range(due):
+                    s = next(cycle)
+                    rows.append({"event_id": f"{s['ticket_id']}-{self.sent + len(rows):06d}",
+                                 "text": s["text"], "priority": s["priority"], "event_ts": now})
+                tmp = self.folder / f".events-{self.sent:06d}.tmp"
+                tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+                tmp.rename(self.folder / f"events-{self.sent:06d}.json")
+                self.sent += len(rows)
+            self.stopped.wait(tick)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -> dict:
+    """The demo's summary figures from the answers table rows."""
+    by_source: dict[str, int] = {}
+    by_status: dict[str, int] = {}
+    latency: dict[str, dict[str, float | None]] = {}
+    for a in answers:
+        by_source[a["answer_source"]] = by_source.get(a["answer_source"], 0) + 1
+        by_status[a["status"]] = by_status.get(a["status"], 0) + 1
+    for p in ("high", "normal", "low"):
+        lat = [a["latency_ms"] for a in answers if a["priority"] == p and a["answer_source"] != "backfill"
+               and a["latency_ms"] is not None]
+        latency[p] = {f"p{q}": _percentile(lat, q) for q in (50, 95, 99)} | {"n": len(lat)}
+    met = sum(1 for a in answers if a["deadline_met"])
+    return {
+        "events": events,
+        "answers": len(answers),
+        "answers_by_source": by_source,
+        "answers_by_status": by_status,
+        "latency_ms_by_priority": latency,
+        "deadline_hit_rate": met / len(answers) if answers else None,
+        "llm_answers_per_s": by_source.get("llm", 0) / wall_s if wall_s else None,
+        "engine": stats.get("engine"),
+        "engine_output_tokens_per_s": stats.get("outputTokensPerS"),
+        "prefix_cache_hit_rate": stats.get("prefixCacheHitRate"),
+    }
+
+
+def run_demo(opts: DemoOptions) -> dict:
+    """Run the demo and return its summary (also written to ``out/summary.json``)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from google.protobuf.json_format import MessageToDict
+
+    from sidecar.client import SidecarClient
+    from sidecar.model_prep import prepare_default_model
+    from spark_ext.config import PipelineConfig
+
+    out = Path(opts.out).resolve()
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    if opts.engine == "vllm":
+        print(f"Model: {prepare_default_model()}", flush=True)
+
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    target = f"127.0.0.1:{port}"
+    sidecar_log = open(out / "sidecar.log", "wb")
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "sidecar.cli", "sidecar", "--listen", target, "--results-dir",
+         str(out / "results"), "--engine", opts.engine, "--sidecar-id", "demo-sidecar",
+         "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8"],
+        stdout=sidecar_log, stderr=subprocess.STDOUT, start_new_session=True)
+    client = SidecarClient(target)
+    spark = pipeline = None
+    try:
+        print(f"Starting sidecar ({opts.engine}) on {target}; log: {out / 'sidecar.log'}",
+              flush=True)
+        deadline = time.monotonic() + 300
+        while not client.is_serving():
+            if sidecar.poll() is not None:
+                raise RuntimeError(f"sidecar exited with {sidecar.returncode}; see sidecar.log")
+            if time.monotonic() > deadline:
+                raise TimeoutError("sidecar did not start in 300 s")
+            time.sleep(0.5)
+
+        from pyspark.sql import SparkSession
+
+        from spark_ext.pipeline import StsPipeline
+
+        print("Starting Spark (local[2]) ...", flush=True)
+        spark = (SparkSession.builder.master("local[2]").appName("sts-demo")
+                 .config("spark.sql.shuffle.partitions", "2")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.streaming.multipleWatermarkPolicy", "max")
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        high, normal, low = opts.sla_ms
+        config = PipelineConfig.from_dict({
+            "source": {"path": str(out / "events")},
+            "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
+                        "max_tokens": opts.max_tokens},
+            "sidecar": {"endpoint": target, "results_dir": str(out / "results")},
+            "output": {"out_dir": str(out / "tables"), "checkpoint_dir": str(out / "checkpoints"),
+                       "acks_dir": str(out / "acks"), "trigger_s": 1.0},
+        })
+        pipeline = StsPipeline(spark, config)
+        replayer = EventReplayer(out / "events", opts.rate, opts.duration, load_samples())
+        pipeline.start()
+        start = time.monotonic()
+        replayer.start()
+
+        def progress(phase: str) -> int:
+            answers = pipeline.answers.read(["answer_source"]).to_pylist() \
+                if pipeline.answers.exists() else []
+            counts = {}
+            for a in answers:
+                counts[a["answer_source"]] = counts.get(a["answer_source"], 0) + 1
+            st = client.stats()
+            busy = sum(p.queued + p.in_flight for p in st.pools)
+            print(f"[{time.monotonic() - start:5.1f}s] {phase}: events {replayer.sent}, "
+                  f"answers {len(answers)} {counts}, sidecar busy {busy}, "
+                  f"{st.output_tokens_per_s:.0f} tok/s", flush=True)
+            return len(answers)
+
+        while replayer.is_alive():
+            time.sleep(3)
+            progress("replaying")
+        # Let the sidecar finish what it accepted, then close the last windows.
+        drain_deadline = time.monotonic() + opts.drain_timeout_s
+        while time.monotonic() < drain_deadline:
+            st = client.stats()
+            if sum(p.queued + p.in_flight for p in st.pools) == 0:
+                break
+            time.sleep(2)
+            progress("draining")
+        time.sleep(3 * config.output.trigger_s + 1)
+        pipeline.drain()
+        while time.monotonic() < drain_deadline + 30:
+            if progress("closing windows") >= replayer.sent:
+                break
+            time.sleep(2)
+        wall_s = time.monotonic() - start
+        stats = MessageToDict(client.stats())
+        answers = pipeline.answers.read().to_pylist()
+        summary = summarize(answers, events=replayer.sent, wall_s=wall_s, stats=stats)
+        summary["tables"] = {name: config.output.table(name)
+                             for name in ("answers", "requests", "results")}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        return summary
+    finally:
+        if pipeline is not None:
+            pipeline.stop()
+        if spark is not None:
+            spark.stop()
+        client.close()
+        if sidecar.poll() is None:
+            sidecar.send_signal(signal.SIGTERM)
+            try:
+                sidecar.wait(60)
+            except subprocess.TimeoutExpired:
+                sidecar.kill()
+        sidecar_log.close()
+
+
+def print_summary(summary: dict) -> None:
+    print("\n=== sts demo summary ===")
+    print(f"events replayed      {summary['events']}")
+    print(f"answers              {summary['answers']}  by source {summary['answers_by_source']}")
+    print(f"answers by status    {summary['answers_by_status']}")
+    rate = summary["deadline_hit_rate"]
+    print(f"deadline hit rate    {rate:.1%}" if rate is not None else "deadline hit rate    n/a")
+    for p, lat in summary["latency_ms_by_priority"].items():
+        figures = ", ".join(f"{k} {v:.0f} ms" for k, v in lat.items() if k != "n" and v is not None)
+        print(f"latency {p:<7}      n={lat['n']} {figures}")
+    llm_rate = summary["llm_answers_per_s"] or 0.0
+    print(f"llm answers/s        {llm_rate:.2f}")
+    print(f"engine               {summary['engine']}, "
+          f"{summary['engine_output_tokens_per_s'] or 0:.0f} output tokens/s (last 10 s), "
+          f"prefix-cache hit rate {summary['prefix_cache_hit_rate'] or 0:.1%}")
+    for name, path in summary["tables"].items():
+        print(f"delta table {name:<9} {path}")
