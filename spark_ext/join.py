@@ -33,21 +33,22 @@ def _answer_columns(key_columns: list[str]) -> list[str]:
     return list(ANSWER_COLUMNS) + [c for c in key_columns if c not in ANSWER_COLUMNS]
 
 
-def refused_answers(acks: DataFrame, join: JoinConfig, key_columns: list[str]) -> DataFrame:
-    """Fallback answers for requests the sidecar did not accept (at once).
+def _unstamped(df: DataFrame) -> DataFrame:
+    """Timing columns are set when the answer lands (``pipeline.stamp_answered``)."""
+    return (df.withColumn("answered_ts", F.lit(None).cast("long"))
+              .withColumn("latency_ms", F.lit(None).cast("long"))
+              .withColumn("deadline_met", F.lit(None).cast("boolean"))
+              .withColumn("backfilled_at", F.lit(None).cast("long")))
 
-    ``answered_ts``/``latency_ms``/``deadline_met`` here are provisional; the
-    writer stamps them with the time the answer lands (``stamp_answered``)."""
+
+def refused_answers(acks: DataFrame, join: JoinConfig, key_columns: list[str]) -> DataFrame:
+    """Fallback answers for requests the sidecar did not accept (at once)."""
     out = (acks.filter(~F.col("accepted"))
            .withColumn("answer", F.lit(join.fallback_text))
            .withColumn("answer_source", F.lit("fallback"))
            .withColumn("status", F.coalesce(F.col("reason"), F.lit("unavailable")))
-           .withColumn("fallback_text", F.lit(join.fallback_text))
-           .withColumn("answered_ts", F.col("submit_ts"))
-           .withColumn("latency_ms", F.col("submit_ts") - F.col("enqueue_ts"))
-           .withColumn("deadline_met", F.col("submit_ts") <= F.col("deadline_ts"))
-           .withColumn("backfilled_at", F.lit(None).cast("long")))
-    return out.select(*_answer_columns(key_columns))
+           .withColumn("fallback_text", F.lit(join.fallback_text)))
+    return _unstamped(out).select(*_answer_columns(key_columns))
 
 
 def join_answers(acks: DataFrame, results: DataFrame, *, join: JoinConfig,
@@ -67,7 +68,6 @@ def join_answers(acks: DataFrame, results: DataFrame, *, join: JoinConfig,
     res = (results.select(F.col("request_id").alias("res_request_id"),
                           F.col("status").alias("res_status"),
                           F.col("text").alias("res_text"),
-                          F.col("finish_ts").alias("res_finish_ts"),
                           "result_time")
            .withWatermark("result_time", join.results_watermark)
            .alias("res"))
@@ -81,15 +81,9 @@ def join_answers(acks: DataFrame, results: DataFrame, *, join: JoinConfig,
         "leftOuter",
     )
     is_llm = F.col("res_status") == "ok"
-    answered = F.when(F.col("res_request_id").isNotNull(), F.col("res_finish_ts")).otherwise(
-        F.col("deadline_ts") + join.grace_ms)
     out = (joined
            .withColumn("answer", F.when(is_llm, F.col("res_text")).otherwise(F.lit(join.fallback_text)))
            .withColumn("answer_source", F.when(is_llm, F.lit("llm")).otherwise(F.lit("fallback")))
            .withColumn("status", F.coalesce(F.col("res_status"), F.lit("timeout")))
-           .withColumn("fallback_text", F.lit(join.fallback_text))
-           .withColumn("answered_ts", answered)
-           .withColumn("latency_ms", F.col("answered_ts") - F.col("enqueue_ts"))
-           .withColumn("deadline_met", F.col("answered_ts") <= F.col("deadline_ts"))
-           .withColumn("backfilled_at", F.lit(None).cast("long")))
-    return out.select(*_answer_columns(tagging.key_columns))
+           .withColumn("fallback_text", F.lit(join.fallback_text)))
+    return _unstamped(out).select(*_answer_columns(tagging.key_columns))

@@ -30,7 +30,7 @@ from spark_ext.config import PipelineConfig
 from spark_ext.join import join_answers, refused_answers
 from spark_ext.results import HEARTBEAT_ID, read_results
 from spark_ext.sink import DeltaSink, backfill_answers
-from spark_ext.submit import ack_schema, submit_requests
+from spark_ext.submit import submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
 
@@ -120,10 +120,14 @@ class StsPipeline:
             return
         self.answers.insert_new(stamp_answered(table))
         # A result that reached the results table before this fallback row existed
-        # would be missed by the results query's backfill: merge it now.
-        if self.results_table.exists():
+        # would be missed by the results query's backfill: merge it now (reading
+        # only this batch's fallback ids, not the whole table).
+        fallback_ids = table.filter(pc.equal(table.column("answer_source"), "fallback")
+                                    ).column("request_id").to_pylist()
+        if fallback_ids and self.results_table.exists():
             backfill_answers(self.answers, self.results_table.read(
-                ["request_id", "status", "text", "finish_ts"]))
+                ["request_id", "status", "text", "finish_ts"],
+                filters=[("request_id", "in", fallback_ids)]))
 
     def _write_results(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.drop("result_time").toArrow()
@@ -135,20 +139,17 @@ class StsPipeline:
 
     # -------------------------------------------------------------- lifecycle
 
-    def start(self, *, events: DataFrame | None = None, available_now: bool = False
-              ) -> list[StreamingQuery]:
+    def start(self, *, events: DataFrame | None = None) -> list[StreamingQuery]:
         """Start the three queries (``events`` overrides the configured source)."""
         self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
         out = self.config.output
-        trigger = ({"availableNow": True} if available_now
-                   else {"processingTime": f"{out.trigger_s} seconds"})
+        trigger = {"processingTime": f"{out.trigger_s} seconds"}
         acks = self.acks(events)
         q_submit = (acks.writeStream.queryName("sts-submit").foreachBatch(self._write_acks)
                     .option("checkpointLocation", out.checkpoint("submit"))
                     .trigger(**trigger).start())
         results = read_results(self.spark, self.config.sidecar.results_dir)
-        ack_stream = (self.spark.readStream.schema(ack_schema(self.requests(events)))
-                      .parquet(out.acks_dir))
+        ack_stream = self.spark.readStream.schema(acks.schema).parquet(out.acks_dir)
         answers = join_answers(ack_stream, results, join=self.config.join,
                                tagging=self.config.tagging)
         q_answers = (answers.writeStream.queryName("sts-answers")

@@ -200,3 +200,31 @@ def test_late_result_gets_fallback_then_backfill(spark, tmp_path: Path,
         assert a["answer"].strip() and a["answer"] != cfg.join.fallback_text
         assert a["fallback_text"] == cfg.join.fallback_text
         assert a["backfilled_at"] is not None and a["status"] == "ok"
+
+
+SINK_SCRIPT = """
+import sys, pyarrow as pa
+from spark_ext.sink import DeltaSink, backfill_answers
+sink = DeltaSink(sys.argv[1])
+sink.insert_new(pa.table({"request_id": ["a", "b"], "answer": ["x", "y"],
+                          "answer_source": ["fallback", "llm"], "enqueue_ts": [1, 1]}))
+sink.insert_new(pa.table({"request_id": ["a", "c"], "answer": ["dup", "z"],
+                          "answer_source": ["llm", "llm"], "enqueue_ts": [1, 1]}))
+rows = sink.read(["request_id", "answer"], filters=[("request_id", "in", ["a", "c"])])
+assert sorted(rows.to_pylist(), key=lambda r: r["request_id"]) == [
+    {"request_id": "a", "answer": "x"}, {"request_id": "c", "answer": "z"}], rows
+assert sink.read().num_rows == 3
+"""
+
+
+def test_delta_sink_merges_and_the_process_exits_cleanly(tmp_path: Path) -> None:
+    """insert_new keeps the first answer per id, and reading back does not make the
+    interpreter abort at exit (a delta-rs reader left threads behind: exit 134)."""
+    import subprocess
+    import sys
+
+    from tests.utils import REPO
+
+    done = subprocess.run([sys.executable, "-c", SINK_SCRIPT, str(tmp_path / "t")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
