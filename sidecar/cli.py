@@ -20,7 +20,10 @@ def _add_sidecar_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=["vllm", "simulated"], help="engine kind")
     p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
     p.add_argument("--max-in-flight", type=int, help="most requests inside the engine at once")
-    p.add_argument("--max-queued", type=int, help="most requests waiting in the sidecar")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-addr", help="address of /metrics (default 127.0.0.1)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON", dest="settings",
+                   help="override any config key, e.g. --set scheduler.pools.low.max_queued=500")
     p.add_argument("--sidecar-id", help="identity written into every result")
     p.add_argument("--drain-timeout", type=float, help="seconds to drain on SIGTERM")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
@@ -52,15 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = sub.add_parser("sidecar-stats", help="print a sidecar's live figures as JSON")
     stats.add_argument("--target", default="127.0.0.1:50051", help="sidecar address")
+    stats.add_argument("--json", action="store_true", help="print the raw GetStats answer")
     return parser
 
 
-def _parse_engine_args(pairs: list[str]) -> dict:
+def _parse_pairs(pairs: list[str], flag: str) -> dict:
+    """``KEY=VALUE`` pairs; values are JSON when they parse, else strings."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SystemExit(f"--engine-arg expects KEY=VALUE, got {pair!r}")
+            raise SystemExit(f"{flag} expects KEY=VALUE, got {pair!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -84,11 +89,16 @@ def _run_sidecar(args: argparse.Namespace) -> int:
         "engine.kind": args.engine,
         "engine.model": args.model,
         "scheduler.max_in_flight": args.max_in_flight,
-        "scheduler.max_queued": args.max_queued,
         "scheduler.drain_timeout_s": args.drain_timeout,
+        "server.metrics_port": args.metrics_port,
+        "server.metrics_addr": args.metrics_addr,
     })
+    try:
+        config = config.with_overrides(_parse_pairs(args.settings, "--set"))
+    except ValueError as e:
+        raise SystemExit(f"sts sidecar: {e}") from None
     if args.engine_arg:
-        config.engine.engine_args.update(_parse_engine_args(args.engine_arg))
+        config.engine.engine_args.update(_parse_pairs(args.engine_arg, "--engine-arg"))
     asyncio.run(serve(config))
     return 0
 
@@ -118,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
 
         from sidecar.client import SidecarClient
 
+        from sidecar.stats_report import format_stats
+
         with SidecarClient(args.target) as client:
-            print(json.dumps(MessageToDict(client.stats()), indent=2))
+            stats = client.stats()
+        print(json.dumps(MessageToDict(stats), indent=2) if args.json else format_stats(stats))
         return 0
     return 2
 

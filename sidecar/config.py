@@ -47,16 +47,115 @@ class EngineConfig:
             raise ValueError(f"{self.kind=} must be one of {self.KINDS}")
 
 
+PRIORITY_NAMES: tuple[str, ...] = ("high", "normal", "low")
+
+
 @dataclass
-class SchedulerConfig:
-    """Admission limits and dispatch into the engine."""
+class PoolConfig:
+    """Limits of one priority pool (``high``, ``normal`` or ``low``).
+
+    A request of the pool waits in the pool's queue until the dispatcher picks
+    the pool (see :class:`sidecar.pools.WeightedPicker`) and the pool has room
+    in the engine: fewer than ``max_in_flight`` requests and at most
+    ``max_tokens_in_flight`` tokens (prompt plus ``max_tokens``) running.
+    """
+
+    max_queued: int = 1000
+    """Most requests waiting in this pool. Past it, arrivals are shed (``queue_full``)."""
 
     max_in_flight: int = 8
-    """Most requests handed to the engine at once. Keep it near the engine's
-    ``max_num_seqs`` so that a ``high`` request never waits behind a full engine batch."""
+    """Most requests of this pool inside the engine at once."""
 
-    max_queued: int = 10_000
-    """Most requests waiting in the sidecar (all priorities). Past it requests are shed."""
+    max_queue_delay_ms: int = 10_000
+    """Longest a request may wait in this pool's queue. Arrivals whose estimated wait
+    is longer, and queued requests that have waited longer, are shed
+    (``queue_delay_exceeded``)."""
+
+    max_tokens_in_flight: int = 1 << 20
+    """Most prompt plus ``max_tokens`` tokens of this pool inside the engine at once
+    (a lone request larger than this still runs when the pool is otherwise idle)."""
+
+    weight: int = 1
+    """Share of dispatch slots when several pools have work (smooth weighted
+    round robin); a pool with weight 1 next to one with weight 8 still gets 1 in 9."""
+
+    fallback_text: str = "Thanks for your message. An agent will get back to you shortly."
+    """Rule fallback answer carried by every refusal and non-``ok`` result of this pool."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_queued", "max_in_flight", "max_queue_delay_ms",
+                     "max_tokens_in_flight", "weight"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"pool {name}={value!r} must be a positive integer")
+
+
+def _default_pools() -> dict[str, PoolConfig]:
+    return {
+        "high": PoolConfig(max_queued=2000, max_in_flight=8, max_queue_delay_ms=2000, weight=8),
+        "normal": PoolConfig(max_queued=5000, max_in_flight=6, max_queue_delay_ms=10_000,
+                             weight=3),
+        "low": PoolConfig(max_queued=10_000, max_in_flight=4, max_queue_delay_ms=60_000,
+                          weight=1),
+    }
+
+
+@dataclass
+class LoadSheddingConfig:
+    """Watermarks past which whole priorities are shed (``overloaded``).
+
+    Keys are ``low`` and ``normal``; ``high`` is never shed by a watermark, only
+    when its own pool is full. When the total queue depth (all pools) reaches
+    ``queue_depth[p]``, or the tokens in the engine reach ``tokens_in_flight[p]``,
+    new requests of priority ``p`` are shed, and queued ones of ``p`` are shed
+    (newest first) until the depth is back under the watermark. Give ``low`` the
+    lower watermarks so it is shed first.
+    """
+
+    queue_depth: dict[str, int] = field(
+        default_factory=lambda: {"low": 2000, "normal": 6000})
+    """Total queued requests at which each priority is shed."""
+
+    tokens_in_flight: dict[str, int] = field(
+        default_factory=lambda: {"low": 1 << 30, "normal": 1 << 30})
+    """Total prompt plus ``max_tokens`` tokens in the engine at which each priority is shed."""
+
+    def __post_init__(self) -> None:
+        for name in ("queue_depth", "tokens_in_flight"):
+            marks = getattr(self, name)
+            if set(marks) - {"low", "normal"}:
+                raise ValueError(f"load_shedding.{name} keys must be 'low' and 'normal', "
+                                 f"got {sorted(marks)}")
+            for key, value in marks.items():
+                if not isinstance(value, int) or value < 1:
+                    raise ValueError(f"load_shedding.{name}.{key}={value!r} must be a "
+                                     "positive integer")
+            if "low" in marks and "normal" in marks and marks["low"] > marks["normal"]:
+                raise ValueError(f"load_shedding.{name}: low ({marks['low']}) must not exceed "
+                                 f"normal ({marks['normal']}); low is shed first")
+
+
+@dataclass
+class SchedulerConfig:
+    """Admission limits, priority pools and dispatch into the engine."""
+
+    max_in_flight: int = 8
+    """Most requests handed to the engine at once (all pools). Keep it at the engine's
+    ``max_num_seqs`` so a dispatched request never waits inside the engine."""
+
+    pools: dict[str, PoolConfig] = field(default_factory=_default_pools)
+    """One :class:`PoolConfig` per priority; a pool left out of the YAML keeps its defaults."""
+
+    load_shedding: LoadSheddingConfig = field(default_factory=LoadSheddingConfig)
+    """Watermarks that shed ``low`` first, then ``normal``."""
+
+    deadline_admission: bool = True
+    """Refuse (``deadline_infeasible``) requests whose estimated completion is after
+    their deadline, at admission and again when they reach the front of the queue."""
+
+    deadline_slack: float = 1.0
+    """Multiplier on the estimated wait plus service time in the feasibility test
+    (above 1 is more cautious, below 1 admits more)."""
 
     max_tokens_cap: int = 2048
     """Largest ``max_tokens`` a request may ask for."""
@@ -74,13 +173,39 @@ class SchedulerConfig:
     """On SIGTERM, how long in-flight and queued requests may run before they are aborted."""
 
     def __post_init__(self) -> None:
-        for name in ("max_in_flight", "max_queued", "max_tokens_cap", "max_prompt_tokens",
+        for name in ("max_in_flight", "max_tokens_cap", "max_prompt_tokens",
                      "max_prompt_chars", "dedupe_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"self.{name}={value!r} must be a positive integer")
         if self.drain_timeout_s < 0:
             raise ValueError(f"{self.drain_timeout_s=} must be >= 0")
+        if not 0 < self.deadline_slack <= 10:
+            raise ValueError(f"{self.deadline_slack=} must be in (0, 10]")
+        if unknown := set(self.pools) - set(PRIORITY_NAMES):
+            raise ValueError(f"unknown pools {sorted(unknown)}; pools are {PRIORITY_NAMES}")
+        defaults = _default_pools()
+        self.pools = {
+            name: _as_dataclass(PoolConfig, self.pools.get(name, {}),
+                                f"scheduler.pools.{name}", base=defaults[name])
+            for name in PRIORITY_NAMES
+        }
+        self.load_shedding = _as_dataclass(LoadSheddingConfig, self.load_shedding,
+                                           "scheduler.load_shedding")
+
+
+def _as_dataclass(cls: type, value: Any, where: str, base: Any = None) -> Any:
+    """Accept an instance of ``cls`` or a mapping of its fields (from YAML); fields
+    missing from the mapping come from ``base`` (else the class defaults)."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a mapping, got {type(value).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    if extra := set(value) - names:
+        raise ValueError(f"unknown keys in {where}: {sorted(extra)}")
+    merged = dataclasses.asdict(base) if base is not None else {}
+    return cls(**(merged | value))
 
 
 @dataclass
@@ -127,6 +252,16 @@ class ServerConfig:
     log_requests: bool = False
     """Log every admitted and finished request (debugging)."""
 
+    metrics_port: int | None = None
+    """Serve Prometheus ``/metrics`` on this port (``None``: no endpoint)."""
+
+    metrics_addr: str = "127.0.0.1"
+    """Address of the metrics endpoint (``0.0.0.0`` to let a remote Prometheus scrape)."""
+
+    def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"{self.metrics_port=} must be a TCP port")
+
 
 @dataclass
 class SidecarConfig:
@@ -148,16 +283,24 @@ class SidecarConfig:
         return cls.from_dict(read_yaml(path))
 
     def with_overrides(self, overrides: dict[str, Any]) -> "SidecarConfig":
-        """Return a copy with dotted keys replaced (``{"server.listen": "..."}``);
-        ``None`` values are ignored so unset CLI flags keep the file's value."""
+        """Return a copy with dotted keys replaced (``{"server.listen": "...",
+        "scheduler.pools.low.max_queued": 100}``); ``None`` values are ignored so
+        unset CLI flags keep the file's value."""
         data = dataclasses.asdict(self)
         for dotted, value in overrides.items():
             if value is None:
                 continue
-            section, _, key = dotted.partition(".")
-            if section not in data or key not in data[section]:
+            *parents, key = dotted.split(".")
+            node = data
+            for part in parents:
+                if not isinstance(node, dict) or part not in node:
+                    raise ValueError(f"unknown config key {dotted!r}")
+                node = node[part]
+            # Free-form mappings (engine_args, simulated) take new keys; sections do not.
+            free_form = parents[-1:] in (["engine_args"], ["simulated"])
+            if not parents or not isinstance(node, dict) or (key not in node and not free_form):
                 raise ValueError(f"unknown config key {dotted!r}")
-            data[section][key] = value
+            node[key] = value
         return SidecarConfig.from_dict(data)
 
 

@@ -46,8 +46,13 @@ class EngineStats:
     """Live engine figures (``None`` where the engine does not know)."""
 
     kv_cache_usage: float | None = None
+    """Share of the KV cache in use, 0..1."""
     running: int | None = None
     waiting: int | None = None
+    prefix_cache_queries: int | None = None
+    """Prompt tokens looked up in the prefix cache since start."""
+    prefix_cache_hits: int | None = None
+    """Of those, tokens found in the cache."""
 
 
 class Engine(abc.ABC):

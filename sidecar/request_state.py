@@ -85,6 +85,8 @@ class RefusalReason(enum.IntEnum):
     QUEUE_FULL = pb.REFUSAL_REASON_QUEUE_FULL
     DEADLINE_INFEASIBLE = pb.REFUSAL_REASON_DEADLINE_INFEASIBLE
     DRAINING = pb.REFUSAL_REASON_DRAINING
+    OVERLOADED = pb.REFUSAL_REASON_OVERLOADED
+    QUEUE_DELAY_EXCEEDED = pb.REFUSAL_REASON_QUEUE_DELAY_EXCEEDED
 
     def __str__(self) -> str:
         return self.name.lower()
@@ -98,7 +100,8 @@ class RefusalReason(enum.IntEnum):
 
 
 _SHED_REASONS = frozenset(
-    {RefusalReason.QUEUE_FULL, RefusalReason.DEADLINE_INFEASIBLE, RefusalReason.DRAINING}
+    {RefusalReason.QUEUE_FULL, RefusalReason.DEADLINE_INFEASIBLE, RefusalReason.DRAINING,
+     RefusalReason.OVERLOADED, RefusalReason.QUEUE_DELAY_EXCEEDED}
 )
 
 
@@ -128,6 +131,8 @@ class SidecarRequest:
     prompt_token_ids: list[int] = field(default_factory=list, repr=False)
     status: RequestStatus = RequestStatus.QUEUED
     arrival_seq: int = 0
+    dispatch_ts: int | None = None
+    """When the request left its pool's queue for the engine."""
     first_token_ts: int | None = None
     finish_ts: int | None = None
     text: str = ""
@@ -135,10 +140,19 @@ class SidecarRequest:
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    reason: RefusalReason | None = None
+    """Why it was refused or shed, if it was."""
+    fallback_text: str = ""
+    """The pool's rule fallback answer, carried by a result that is not ``ok``."""
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def token_footprint(self) -> int:
+        """Prompt plus ``max_tokens``: what the request may occupy in the KV cache."""
+        return self.prompt_tokens + max(self.max_tokens, 0)
 
 
 @dataclass(frozen=True)
@@ -165,6 +179,8 @@ class ResultRecord:
     priority: str
     deadline_ts: int
     callback_topic: str
+    reason: str = ""
+    fallback_text: str = ""
 
     @classmethod
     def from_request(cls, req: SidecarRequest, sidecar_id: str) -> "ResultRecord":
@@ -172,6 +188,7 @@ class ResultRecord:
         if not req.status.is_finished():
             raise ValueError(f"request {req.request_id!r} is not finished ({req.status.name})")
         finish_ts = req.finish_ts if req.finish_ts is not None else now_ms()
+        ok = req.status.external == "ok"
         ttft = tpot = None
         if req.first_token_ts is not None:
             ttft = float(req.first_token_ts - req.received_ts)
@@ -181,7 +198,7 @@ class ResultRecord:
             request_id=req.request_id,
             trace_id=req.trace_id,
             status=req.status.external,
-            text=req.text if req.status.external == "ok" else "",
+            text=req.text if ok else "",
             finish_reason=req.finish_reason,
             prompt_tokens=req.prompt_tokens,
             output_tokens=req.output_tokens,
@@ -198,4 +215,6 @@ class ResultRecord:
             priority=str(req.priority) if isinstance(req.priority, Priority) else "",
             deadline_ts=req.deadline_ts,
             callback_topic=req.callback_topic,
+            reason=str(req.reason) if req.reason is not None else "",
+            fallback_text="" if ok else req.fallback_text,
         )

@@ -27,5 +27,7 @@ RESULT_SCHEMA = pa.schema(
         pa.field("priority", pa.string()),
         pa.field("deadline_ts", pa.int64()),
         pa.field("callback_topic", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("fallback_text", pa.string()),
     ]
 )

@@ -1,12 +1,30 @@
-"""Admission, priority queues, dispatch into the engine and deadline aborts.
+"""Admission, priority pools, load shedding, dispatch into the engine and deadline aborts.
 
 One :class:`Scheduler` per sidecar. :meth:`Scheduler.submit_batch` runs in the
-gRPC handler: it validates, de-duplicates and enqueues, and returns one
-:class:`Ack` per request at once; it never waits for generation. A single
-dispatch loop moves queued requests into the engine, highest priority first
-(FIFO within a priority), while fewer than ``max_in_flight`` are running. Each
-running request is one task that consumes the engine's stream under the
-request's deadline; cancelling it aborts the request inside the engine.
+gRPC handler: it validates, de-duplicates and admits or refuses each request
+and returns one :class:`Ack` per request at once; it never waits for generation.
+
+Admission, in order (first refusal wins; none of them does engine work):
+
+1. static checks and the tokenized prompt (``rejected``);
+2. the request's pool is full (``shed``/``queue_full``);
+3. load shedding: the total queue depth or the tokens in the engine reached the
+   watermark of its priority (``shed``/``overloaded``; never ``high``);
+4. the pool's estimated queue wait is over its ``max_queue_delay_ms``
+   (``shed``/``queue_delay_exceeded``);
+5. the estimated completion (queue wait + service, from
+   :class:`~sidecar.estimator.ServiceRateEstimator`) is after ``deadline_ts``
+   (``shed``/``deadline_infeasible``).
+
+Once queued, a request is shed when it has waited ``max_queue_delay_ms``, when
+a higher-priority arrival pushes the queue past its priority's watermark
+(newest first), or at the head of the queue when its deadline has become
+infeasible; it times out if its deadline passes while queued. A single
+dispatch loop moves queued requests into the engine while fewer than
+``max_in_flight`` run, choosing between pools with work and room by
+:class:`~sidecar.pools.WeightedPicker` (FIFO within a pool). Each running
+request is one task that consumes the engine's stream under the request's
+deadline; cancelling it aborts the request inside the engine.
 
 Every request with a ``request_id`` ends in exactly one terminal result, written
 through :meth:`_finish`, which ignores a second finish of the same request.
@@ -24,8 +42,10 @@ from dataclasses import dataclass
 
 from sidecar.admission import Refusal, check_prompt_tokens, check_static
 from sidecar.config import SchedulerConfig
-from sidecar.engine import Engine, EngineRequest
+from sidecar.engine import Engine, EngineRequest, EngineStats
+from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
+from sidecar.pools import Pool, WeightedPicker
 from sidecar.request_state import (
     STATUSES,
     Priority,
@@ -51,6 +71,26 @@ class Ack:
     detail: str = ""
     duplicate: bool = False
     received_ts: int = 0
+    fallback_text: str = ""
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """Live figures of one pool."""
+
+    queued: int
+    in_flight: int
+    tokens_in_flight: int
+    max_queued: int
+    max_in_flight: int
+    max_tokens_in_flight: int
+    max_queue_delay_ms: int
+    estimated_queue_wait_s: float
+    ttft_s: float
+    tpot_s: float
+    shed_by_reason: dict[str, int]
+    results_by_status: dict[str, int]
+    met_deadline: int
 
 
 @dataclass
@@ -59,6 +99,8 @@ class SchedulerStats:
 
     queued: dict[Priority, int]
     in_flight: dict[Priority, int]
+    pools: dict[Priority, PoolSnapshot]
+    engine: EngineStats
     submitted: int
     accepted: int
     duplicates: int
@@ -71,9 +113,17 @@ class SchedulerStats:
 
     @property
     def prefix_cache_hit_rate(self) -> float:
+        """From the engine's own prefix-cache counters when it keeps them (vLLM),
+        else cached over prompt tokens of finished requests."""
+        if self.engine.prefix_cache_queries:
+            return (self.engine.prefix_cache_hits or 0) / self.engine.prefix_cache_queries
         if not self.prompt_tokens_total:
             return 0.0
         return self.cached_tokens_total / self.prompt_tokens_total
+
+    @property
+    def tokens_in_flight(self) -> int:
+        return sum(p.tokens_in_flight for p in self.pools.values())
 
 
 class Scheduler:
@@ -94,13 +144,12 @@ class Scheduler:
         self.sidecar_id = sidecar_id
         self.log_requests = log_requests
         self._emit = emit
-        self._queues: dict[Priority, collections.deque[SidecarRequest]] = {
-            p: collections.deque() for p in Priority
-        }
-        self._queued = {p: 0 for p in Priority}
-        self._in_flight = {p: 0 for p in Priority}
+        self.pools = {p: Pool(p, config.pools[str(p)]) for p in Priority}
+        self.picker = WeightedPicker({p: pool.config.weight for p, pool in self.pools.items()})
+        self.estimator = ServiceRateEstimator()
+        self._in_flight_total = 0
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._deadline_timers: dict[str, asyncio.TimerHandle] = {}
+        self._queue_timers: dict[str, asyncio.TimerHandle] = {}
         self._seen: collections.OrderedDict[str, Ack] = collections.OrderedDict()
         self._arrivals = itertools.count()
         self._wake = asyncio.Event()
@@ -139,7 +188,8 @@ class Scheduler:
             if not req.request_id:
                 self._count_refusal(RefusalReason.MISSING_REQUEST_ID)
                 acks[i] = Ack("", False, RefusalReason.MISSING_REQUEST_ID,
-                              "request_id is required", received_ts=now)
+                              "request_id is required", received_ts=now,
+                              fallback_text=self._fallback_text(req.priority))
                 continue
             if req.request_id in self._seen or req.request_id in batch_ids:
                 self.duplicates += 1
@@ -161,21 +211,99 @@ class Scheduler:
             for i, ids in zip(to_encode, encoded):
                 req = requests[i]
                 req.prompt_token_ids = ids
-                if refusal := check_prompt_tokens(req, self.config, max_model_len=max_len):
-                    acks[i] = self._refuse(req, refusal)
-                elif sum(self._queued.values()) >= self.config.max_queued:
-                    acks[i] = self._refuse(req, Refusal(
-                        RefusalReason.QUEUE_FULL,
-                        f"{self.config.max_queued} requests already queued"))
-                else:
-                    acks[i] = self._enqueue(req)
+                refusal = (check_prompt_tokens(req, self.config, max_model_len=max_len)
+                           or self._check_load(req))
+                acks[i] = self._refuse(req, refusal) if refusal else self._enqueue(req)
         # A replay repeats the first copy's decision (made above if it was in this batch).
         for i in repeats_in_batch:
             rid = requests[i].request_id
             first = self._seen.get(rid) or Ack(rid, True)  # evicted: it was admitted long ago
             acks[i] = Ack(rid, first.accepted, first.reason, first.detail, duplicate=True,
-                          received_ts=now)
+                          received_ts=now, fallback_text=first.fallback_text)
         return [a for a in acks if a is not None]
+
+    # ------------------------------------------------------------------ load checks
+
+    def _total_queued(self) -> int:
+        return sum(pool.queued for pool in self.pools.values())
+
+    def _total_tokens_in_flight(self) -> int:
+        return sum(pool.tokens_in_flight for pool in self.pools.values())
+
+    def _share(self, priority: Priority) -> float:
+        """The pool's share of dispatches among the pools that have work."""
+        busy = [p for p, pool in self.pools.items() if pool.queued or pool.in_flight]
+        weights = {p: self.pools[p].config.weight for p in set(busy) | {priority}}
+        return weights[priority] / sum(weights.values())
+
+    def _estimate_wait_s(self, req: SidecarRequest) -> float:
+        assert req.priority is not None
+        pool = self.pools[req.priority]
+        slot_free = (self._in_flight_total < self.config.max_in_flight
+                     and pool.has_room_for(req))
+        slots = min(pool.config.max_in_flight, self.config.max_in_flight)
+        return self.estimator.queue_wait_s(
+            req.priority, ahead=pool.queued, slot_free=slot_free, share=self._share(req.priority),
+            slots=slots, service_s=self.estimator.service_s(req.priority,
+                                                            max_tokens=req.max_tokens))
+
+    def _over_watermark(self, priority: Priority) -> str | None:
+        """Why ``priority`` is being shed right now, or ``None``."""
+        marks = self.config.load_shedding
+        name = str(priority)
+        depth = marks.queue_depth.get(name)
+        if depth is not None and self._total_queued() >= depth:
+            return f"{self._total_queued()} requests queued (watermark for {name}: {depth})"
+        tokens = marks.tokens_in_flight.get(name)
+        if tokens is not None and self._total_tokens_in_flight() >= tokens:
+            return (f"{self._total_tokens_in_flight()} tokens in the engine "
+                    f"(watermark for {name}: {tokens})")
+        return None
+
+    def _check_load(self, req: SidecarRequest) -> Refusal | None:
+        """Admission against pool limits, watermarks, queue delay and the deadline."""
+        assert req.priority is not None
+        pool = self.pools[req.priority]
+        if pool.queued >= pool.config.max_queued:
+            return Refusal(RefusalReason.QUEUE_FULL,
+                           f"{pool.queued} requests already queued in pool {req.priority} "
+                           f"(max_queued {pool.config.max_queued})")
+        if req.priority is not Priority.HIGH and (why := self._over_watermark(req.priority)):
+            return Refusal(RefusalReason.OVERLOADED, f"load shedding: {why}")
+        wait_s = self._estimate_wait_s(req)
+        if wait_s * 1000.0 > pool.config.max_queue_delay_ms:
+            return Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
+                           f"estimated queue wait {wait_s * 1000:.0f} ms exceeds pool "
+                           f"{req.priority}'s max_queue_delay_ms {pool.config.max_queue_delay_ms}")
+        if self.config.deadline_admission and self.estimator.warm:
+            service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens)
+            done_ms = now_ms() + self.config.deadline_slack * (wait_s + service_s) * 1000.0
+            if done_ms > req.deadline_ts:
+                return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
+                               f"estimated completion in {done_ms - now_ms():.0f} ms (wait "
+                               f"{wait_s * 1000:.0f} ms + service {service_s * 1000:.0f} ms) is "
+                               f"after the deadline, {req.deadline_ts - now_ms()} ms away")
+        return None
+
+    def _shed_over_watermarks(self) -> None:
+        """Shed queued ``low`` (then ``normal``) requests, newest first, while the total
+        queue depth is over their watermark."""
+        for priority in (Priority.LOW, Priority.NORMAL):
+            mark = self.config.load_shedding.queue_depth.get(str(priority))
+            if mark is None:
+                continue
+            pool = self.pools[priority]
+            while self._total_queued() > mark and (victim := pool.newest_queued()):
+                pool.queue.pop()
+                self._leave_queue(victim)
+                self._shed(victim, Refusal(RefusalReason.OVERLOADED,
+                                           f"load shedding: queue depth over the {priority} "
+                                           f"watermark ({mark}) after admission"))
+
+    # ------------------------------------------------------------------ admission
+
+    def _fallback_text(self, priority: Priority | None) -> str:
+        return self.pools[priority or Priority.NORMAL].config.fallback_text
 
     def _remember(self, ack: Ack) -> Ack:
         self._seen[ack.request_id] = ack
@@ -186,66 +314,116 @@ class Scheduler:
     def _count_refusal(self, reason: RefusalReason) -> None:
         self.refusals_by_reason[str(reason)] += 1
 
-    def _refuse(self, req: SidecarRequest, refusal: Refusal) -> Ack:
+    def _shed(self, req: SidecarRequest, refusal: Refusal) -> None:
+        """Terminal refusal of a request (at admission or from the queue)."""
         self._count_refusal(refusal.reason)
         req.error = refusal.detail
+        req.reason = refusal.reason
         self._finish(req, refusal.reason.status, finish_reason=refusal.reason.status.external)
+
+    def _refuse(self, req: SidecarRequest, refusal: Refusal) -> Ack:
+        self._shed(req, refusal)
         return self._remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
-                                  received_ts=req.received_ts))
+                                  received_ts=req.received_ts, fallback_text=req.fallback_text))
 
     def _enqueue(self, req: SidecarRequest) -> Ack:
         assert req.priority is not None
+        pool = self.pools[req.priority]
         self.accepted += 1
         req.arrival_seq = next(self._arrivals)
         req.status = RequestStatus.QUEUED
-        self._queues[req.priority].append(req)
-        self._queued[req.priority] += 1
+        pool.push(req)
         loop = asyncio.get_running_loop()
-        delay = max(0.0, (req.deadline_ts - now_ms()) / 1000.0)
-        self._deadline_timers[req.request_id] = loop.call_later(delay, self._expire_queued, req)
+        delay_deadline = (req.deadline_ts - now_ms()) / 1000.0
+        delay_queue = pool.config.max_queue_delay_ms / 1000.0
+        self._queue_timers[req.request_id] = loop.call_later(
+            max(0.0, min(delay_deadline, delay_queue)), self._expire_queued, req,
+            delay_deadline <= delay_queue)
         self._idle.clear()
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        return self._remember(Ack(req.request_id, True, received_ts=req.received_ts))
+        ack = self._remember(Ack(req.request_id, True, received_ts=req.received_ts))
+        self._shed_over_watermarks()
+        return ack
 
-    def _expire_queued(self, req: SidecarRequest) -> None:
-        """Deadline passed while still queued: finish it without engine work."""
-        self._deadline_timers.pop(req.request_id, None)
-        if req.status is RequestStatus.QUEUED:
-            assert req.priority is not None
-            self._queued[req.priority] -= 1
+    def _leave_queue(self, req: SidecarRequest) -> None:
+        """Bookkeeping of a request that stops being queued (the deque drops it lazily)."""
+        assert req.priority is not None
+        self.pools[req.priority].queued -= 1
+        if timer := self._queue_timers.pop(req.request_id, None):
+            timer.cancel()
+
+    def _expire_queued(self, req: SidecarRequest, deadline: bool) -> None:
+        """Still queued at its deadline (``timeout``) or after the pool's
+        ``max_queue_delay_ms`` (``shed``): finish it without engine work."""
+        self._queue_timers.pop(req.request_id, None)
+        if req.status is not RequestStatus.QUEUED:
+            return
+        self._leave_queue(req)
+        if deadline:
             req.error = "deadline passed while queued"
             self._finish(req, RequestStatus.FINISHED_EXPIRED, finish_reason="timeout")
+        else:
+            assert req.priority is not None
+            limit = self.pools[req.priority].config.max_queue_delay_ms
+            self._shed(req, Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
+                                    f"waited {limit} ms in pool {req.priority} "
+                                    f"(max_queue_delay_ms)"))
 
     # ------------------------------------------------------------------ dispatch
 
     def _next_request(self) -> SidecarRequest | None:
-        for priority in Priority:  # HIGH, NORMAL, LOW
-            queue = self._queues[priority]
-            while queue:
-                req = queue.popleft()
-                if req.status is RequestStatus.QUEUED:
-                    return req
-        return None
+        """Pick the next request to start, or ``None`` when no pool has work and room."""
+        candidates = []
+        for priority, pool in self.pools.items():
+            head = pool.head()
+            if head is None:
+                self.picker.forget(priority)
+            elif pool.has_room_for(head):
+                candidates.append(priority)
+        if not candidates:
+            return None
+        req = self.pools[self.picker.pick(candidates)].head()
+        assert req is not None
+        return req
 
     async def _dispatch_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while sum(self._in_flight.values()) < self.config.max_in_flight:
+            while self._in_flight_total < self.config.max_in_flight:
                 req = self._next_request()
                 if req is None:
                     break
                 assert req.priority is not None
-                self._queued[req.priority] -= 1
-                self._in_flight[req.priority] += 1
-                if timer := self._deadline_timers.pop(req.request_id, None):
-                    timer.cancel()
+                pool = self.pools[req.priority]
+                pool.queue.popleft()
+                self._leave_queue(req)
+                if refusal := self._infeasible_now(req):
+                    self._shed(req, refusal)
+                    continue
+                pool.started(req)
+                self._in_flight_total += 1
+                self.estimator.observe_dispatch(req.priority)
+                req.dispatch_ts = now_ms()
                 req.status = RequestStatus.RUNNING
                 self._tasks[req.request_id] = asyncio.create_task(
                     self._serve(req), name=f"serve-{req.request_id}")
             self._update_idle()
+
+    def _infeasible_now(self, req: SidecarRequest) -> Refusal | None:
+        """At the head of the queue: shed instead of starting work that cannot finish."""
+        if not (self.config.deadline_admission and self.estimator.warm):
+            return None
+        assert req.priority is not None
+        service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens)
+        left_ms = req.deadline_ts - now_ms()
+        if self.config.deadline_slack * service_s * 1000.0 > left_ms:
+            return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
+                           f"after queueing, {left_ms} ms left is less than the estimated "
+                           f"service time {service_s * 1000:.0f} ms")
+        return None
 
     async def _serve(self, req: SidecarRequest) -> None:
         assert req.priority is not None
@@ -259,11 +437,16 @@ class Scheduler:
         )
         remaining_s = (req.deadline_ts - now_ms()) / 1000.0
         status, finish_reason = RequestStatus.FINISHED_ERROR, "error"
+        started = time.monotonic()
+        first_token_at = last_token_at = None
         try:
             async with asyncio.timeout(max(remaining_s, 0.0)):
                 async for progress in self.engine.generate(engine_req):
-                    if req.first_token_ts is None and progress.output_tokens > 0:
-                        req.first_token_ts = now_ms()
+                    if progress.output_tokens > req.output_tokens:
+                        last_token_at = time.monotonic()
+                        if first_token_at is None:
+                            first_token_at = last_token_at
+                            req.first_token_ts = now_ms()
                     req.text = progress.text
                     req.output_tokens = progress.output_tokens
                     req.cached_tokens = max(req.cached_tokens, progress.cached_tokens)
@@ -288,10 +471,19 @@ class Scheduler:
             req.error = f"{type(e).__name__}: {e}"
             logger.exception("Request %s failed in the engine.", req.request_id)
         finally:
-            self._in_flight[req.priority] -= 1
+            self.pools[req.priority].stopped(req)
+            self._in_flight_total -= 1
             self._tasks.pop(req.request_id, None)
             self.prompt_tokens_total += req.prompt_tokens
             self.cached_tokens_total += req.cached_tokens
+            if first_token_at is not None:
+                completed = status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
+                tpot = ((last_token_at - first_token_at) / (req.output_tokens - 1)
+                        if last_token_at is not None and req.output_tokens > 1 else None)
+                self.estimator.observe_finish(
+                    req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
+                    output_tokens=req.output_tokens if completed else 0,
+                    max_tokens=req.max_tokens)
             self._finish(req, status, finish_reason=finish_reason)
             self._wake.set()
 
@@ -304,8 +496,16 @@ class Scheduler:
         req.status = status
         req.finish_reason = finish_reason
         req.finish_ts = now_ms()
+        req.fallback_text = self._fallback_text(req.priority)
         record = ResultRecord.from_request(req, self.sidecar_id)
         self.results_by_status[record.status] += 1
+        if req.priority is not None:
+            pool = self.pools[req.priority]
+            pool.results_by_status[record.status] += 1
+            if record.status == "shed":
+                pool.shed_by_reason[record.reason] += 1
+            elif record.status == "ok" and record.finish_ts <= req.deadline_ts:
+                pool.met_deadline += 1
         if req.output_tokens:
             self._token_events.append((time.monotonic(), req.output_tokens))
         if self.log_requests:
@@ -314,7 +514,7 @@ class Scheduler:
         self._update_idle()
 
     def _update_idle(self) -> None:
-        if not any(self._queued.values()) and not any(self._in_flight.values()):
+        if not self._total_queued() and not self._in_flight_total:
             self._idle.set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -328,7 +528,7 @@ class Scheduler:
                 await self._idle.wait()
         except TimeoutError:
             logger.warning("Drain timed out after %.1fs; aborting %d running and %d queued.",
-                           timeout_s, len(self._tasks), sum(self._queued.values()))
+                           timeout_s, len(self._tasks), self._total_queued())
         await self.abort_all()
 
     async def abort_all(self) -> None:
@@ -337,13 +537,11 @@ class Scheduler:
             self._dispatcher = None
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        for priority, queue in self._queues.items():
-            while queue:
-                req = queue.popleft()
+        for pool in self.pools.values():
+            while pool.queue:
+                req = pool.queue.popleft()
                 if req.status is RequestStatus.QUEUED:
-                    self._queued[priority] -= 1
-                    if timer := self._deadline_timers.pop(req.request_id, None):
-                        timer.cancel()
+                    self._leave_queue(req)
                     req.error = "aborted by sidecar shutdown"
                     self._finish(req, RequestStatus.FINISHED_ABORTED, finish_reason="abort")
         tasks = list(self._tasks.values())
@@ -351,14 +549,38 @@ class Scheduler:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _pool_snapshot(self, pool: Pool) -> PoolSnapshot:
+        cfg = pool.config
+        probe_tokens = max(1, round(self.estimator.expected_output_tokens(pool.priority, 64)))
+        probe = SidecarRequest(request_id="", trace_id="", priority=pool.priority, enqueue_ts=0,
+                               deadline_ts=0, model="", prompt="", max_tokens=probe_tokens,
+                               temperature=0.0)
+        return PoolSnapshot(
+            queued=pool.queued,
+            in_flight=pool.in_flight,
+            tokens_in_flight=pool.tokens_in_flight,
+            max_queued=cfg.max_queued,
+            max_in_flight=cfg.max_in_flight,
+            max_tokens_in_flight=cfg.max_tokens_in_flight,
+            max_queue_delay_ms=cfg.max_queue_delay_ms,
+            estimated_queue_wait_s=self._estimate_wait_s(probe),
+            ttft_s=self.estimator.ttft_s(pool.priority),
+            tpot_s=self.estimator.tpot_s(pool.priority),
+            shed_by_reason=dict(pool.shed_by_reason),
+            results_by_status=dict(pool.results_by_status),
+            met_deadline=pool.met_deadline,
+        )
+
     def stats(self) -> SchedulerStats:
         cutoff = time.monotonic() - _TOKEN_RATE_WINDOW_S
         while self._token_events and self._token_events[0][0] < cutoff:
             self._token_events.popleft()
         tokens = sum(n for _, n in self._token_events)
         return SchedulerStats(
-            queued=dict(self._queued),
-            in_flight=dict(self._in_flight),
+            queued={p: pool.queued for p, pool in self.pools.items()},
+            in_flight={p: pool.in_flight for p, pool in self.pools.items()},
+            pools={p: self._pool_snapshot(pool) for p, pool in self.pools.items()},
+            engine=self.engine.stats(),
             submitted=self.submitted,
             accepted=self.accepted,
             duplicates=self.duplicates,

@@ -21,7 +21,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sidecar.config import SidecarConfig
 from sidecar.engine import build_engine
 from sidecar.interceptors import ExceptionInterceptor
+from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2, inference_pb2_grpc
+from sidecar.request_state import ResultRecord
 from sidecar.result_writer import ParquetResultWriter
 from sidecar.scheduler import Scheduler
 from sidecar.servicer import InferenceServicer
@@ -61,9 +63,21 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
     await engine.start()
     writer = ParquetResultWriter(config.results, sidecar_id)
     writer.start()
-    scheduler = Scheduler(engine, writer.emit, config.scheduler, sidecar_id,
+    metrics: SidecarMetrics | None = None
+
+    def emit(record: ResultRecord) -> None:
+        writer.emit(record)
+        if metrics is not None:
+            metrics.observe(record)
+
+    scheduler = Scheduler(engine, emit, config.scheduler, sidecar_id,
                           log_requests=config.server.log_requests)
     scheduler.start()
+    metrics = SidecarMetrics(scheduler, loop)
+    if config.server.metrics_port is not None:
+        metrics.serve(config.server.metrics_port, config.server.metrics_addr)
+        logger.info("Prometheus metrics on http://%s:%d/metrics", config.server.metrics_addr,
+                    config.server.metrics_port)
 
     max_bytes = config.server.max_message_mb * 1024 * 1024
     server = grpc.aio.server(

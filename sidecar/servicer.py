@@ -9,7 +9,7 @@ import grpc
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 from sidecar.request_state import Priority, SidecarRequest
-from sidecar.scheduler import Ack, Scheduler
+from sidecar.scheduler import Ack, Scheduler, SchedulerStats
 
 _PRIORITY_VALUES = {int(p) for p in Priority}
 
@@ -40,6 +40,46 @@ def ack_to_proto(ack: Ack) -> pb.SubmitAck:
         detail=ack.detail,
         duplicate=ack.duplicate,
         received_ts=ack.received_ts,
+        fallback_text=ack.fallback_text,
+    )
+
+
+def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, model: str,
+                   uptime_s: float) -> pb.GetStatsResponse:
+    """The Stats RPC answer: the same live figures ``/metrics`` exposes."""
+    pools = [
+        pb.PoolStats(
+            priority=int(p), queued=ps.queued, in_flight=ps.in_flight,
+            tokens_in_flight=ps.tokens_in_flight, max_queued=ps.max_queued,
+            max_in_flight=ps.max_in_flight, max_tokens_in_flight=ps.max_tokens_in_flight,
+            max_queue_delay_ms=ps.max_queue_delay_ms,
+            estimated_queue_wait_ms=min(ps.estimated_queue_wait_s * 1000.0, 1e12),
+            ttft_ms=ps.ttft_s * 1000.0, tpot_ms=ps.tpot_s * 1000.0,
+            shed_by_reason=ps.shed_by_reason, results_by_status=ps.results_by_status,
+            met_deadline=ps.met_deadline)
+        for p, ps in s.pools.items()
+    ]
+    e = s.engine
+    return pb.GetStatsResponse(
+        sidecar_id=sidecar_id,
+        engine=engine_kind,
+        model=model,
+        pools=pools,
+        submitted=s.submitted,
+        accepted=s.accepted,
+        duplicates=s.duplicates,
+        results_by_status=s.results_by_status,
+        refusals_by_reason=s.refusals_by_reason,
+        output_tokens_per_s=s.output_tokens_per_s,
+        prompt_tokens_total=s.prompt_tokens_total,
+        cached_tokens_total=s.cached_tokens_total,
+        prefix_cache_hit_rate=s.prefix_cache_hit_rate,
+        draining=s.draining,
+        uptime_s=uptime_s,
+        kv_cache_usage=e.kv_cache_usage if e.kv_cache_usage is not None else -1.0,
+        engine_running=e.running or 0,
+        engine_waiting=e.waiting or 0,
+        tokens_in_flight=s.tokens_in_flight,
     )
 
 
@@ -59,22 +99,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     async def GetStats(self, request: pb.GetStatsRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:
-        s = self.scheduler.stats()
-        return pb.GetStatsResponse(
-            sidecar_id=self.scheduler.sidecar_id,
-            engine=self.engine_kind,
-            model=self.scheduler.engine.model_name,
-            pools=[pb.PoolStats(priority=int(p), queued=s.queued[p], in_flight=s.in_flight[p])
-                   for p in Priority],
-            submitted=s.submitted,
-            accepted=s.accepted,
-            duplicates=s.duplicates,
-            results_by_status=s.results_by_status,
-            refusals_by_reason=s.refusals_by_reason,
-            output_tokens_per_s=s.output_tokens_per_s,
-            prompt_tokens_total=s.prompt_tokens_total,
-            cached_tokens_total=s.cached_tokens_total,
-            prefix_cache_hit_rate=s.prefix_cache_hit_rate,
-            draining=s.draining,
-            uptime_s=time.monotonic() - self.started_at,
-        )
+        return stats_to_proto(self.scheduler.stats(), sidecar_id=self.scheduler.sidecar_id,
+                              engine_kind=self.engine_kind,
+                              model=self.scheduler.engine.model_name,
+                              uptime_s=time.monotonic() - self.started_at)

@@ -20,6 +20,47 @@ from sidecar.exceptions import EngineDeadError, EngineStartError
 
 logger = logging.getLogger(__name__)
 
+
+class _EngineCounters:
+    """What vLLM's scheduler reports each step, kept for :meth:`VllmEngine.stats`."""
+
+    def __init__(self) -> None:
+        self.kv_cache_usage: float | None = None
+        self.running: int | None = None
+        self.waiting: int | None = None
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    def record(self, scheduler_stats: Any) -> None:
+        self.kv_cache_usage = scheduler_stats.kv_cache_usage
+        self.running = scheduler_stats.num_running_reqs
+        self.waiting = scheduler_stats.num_waiting_reqs
+        if (prefix := scheduler_stats.prefix_cache_stats) is not None and not prefix.reset:
+            self.prefix_cache_queries += prefix.queries
+            self.prefix_cache_hits += prefix.hits
+
+
+def _stat_logger_factory(counters: _EngineCounters) -> Any:
+    """A per-engine vLLM stat logger that feeds ``counters`` (vLLM's documented
+    extension point for custom metrics; its stats classes are not a stable API,
+    so only a few long-standing fields are read)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _CounterStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any,
+                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                counters.record(scheduler_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return lambda vllm_config, engine_index=0: _CounterStatLogger(vllm_config, engine_index)
+
+
 _PLACEHOLDER = "\x00STS_PROMPT\x00"
 
 
@@ -72,6 +113,7 @@ class VllmEngine(Engine):
         self._llm: Any = None
         self._tokenizer: Any = None
         self._template: tuple[str, str] | None = None
+        self._counters = _EngineCounters()
         self.max_model_len = 0
 
     @property
@@ -86,7 +128,8 @@ class VllmEngine(Engine):
         args.update(self.config.engine_args)
         logger.info("Starting vLLM engine: %s", args)
         try:
-            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+            self._llm = AsyncLLM.from_engine_args(
+                AsyncEngineArgs(**args), stat_loggers=[_stat_logger_factory(self._counters)])
         except Exception as e:
             raise EngineStartError(f"vLLM failed to start on {self.model_path}: {e}") from e
         self._tokenizer = self._llm.get_tokenizer()
@@ -145,7 +188,10 @@ class VllmEngine(Engine):
             raise EngineDeadError(str(e)) from e
 
     def stats(self) -> EngineStats:
-        return EngineStats()
+        c = self._counters
+        return EngineStats(kv_cache_usage=c.kv_cache_usage, running=c.running, waiting=c.waiting,
+                           prefix_cache_queries=c.prefix_cache_queries,
+                           prefix_cache_hits=c.prefix_cache_hits)
 
     async def shutdown(self) -> None:
         if llm := getattr(self, "_llm", None):

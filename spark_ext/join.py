@@ -41,13 +41,18 @@ def _unstamped(df: DataFrame) -> DataFrame:
               .withColumn("backfilled_at", F.lit(None).cast("long")))
 
 
+def _fallback(sidecar_text: str, join: JoinConfig) -> "F.Column":
+    """The sidecar pool's rule answer when it sent one, else the pipeline's."""
+    return F.coalesce(F.nullif(F.col(sidecar_text), F.lit("")), F.lit(join.fallback_text))
+
+
 def refused_answers(acks: DataFrame, join: JoinConfig, key_columns: list[str]) -> DataFrame:
     """Fallback answers for requests the sidecar did not accept (at once)."""
     out = (acks.filter(~F.col("accepted"))
-           .withColumn("answer", F.lit(join.fallback_text))
+           .withColumn("fallback_text", _fallback("sidecar_fallback_text", join))
+           .withColumn("answer", F.col("fallback_text"))
            .withColumn("answer_source", F.lit("fallback"))
-           .withColumn("status", F.coalesce(F.col("reason"), F.lit("unavailable")))
-           .withColumn("fallback_text", F.lit(join.fallback_text)))
+           .withColumn("status", F.coalesce(F.col("reason"), F.lit("unavailable"))))
     return _unstamped(out).select(*_answer_columns(key_columns))
 
 
@@ -68,6 +73,7 @@ def join_answers(acks: DataFrame, results: DataFrame, *, join: JoinConfig,
     res = (results.select(F.col("request_id").alias("res_request_id"),
                           F.col("status").alias("res_status"),
                           F.col("text").alias("res_text"),
+                          F.col("fallback_text").alias("res_fallback_text"),
                           "result_time")
            .withWatermark("result_time", join.results_watermark)
            .alias("res"))
@@ -82,8 +88,9 @@ def join_answers(acks: DataFrame, results: DataFrame, *, join: JoinConfig,
     )
     is_llm = F.col("res_status") == "ok"
     out = (joined
-           .withColumn("answer", F.when(is_llm, F.col("res_text")).otherwise(F.lit(join.fallback_text)))
+           .withColumn("fallback_text", _fallback("res_fallback_text", join))
+           .withColumn("answer", F.when(is_llm, F.col("res_text"))
+                       .otherwise(F.col("fallback_text")))
            .withColumn("answer_source", F.when(is_llm, F.lit("llm")).otherwise(F.lit("fallback")))
-           .withColumn("status", F.coalesce(F.col("res_status"), F.lit("timeout")))
-           .withColumn("fallback_text", F.lit(join.fallback_text)))
+           .withColumn("status", F.coalesce(F.col("res_status"), F.lit("timeout"))))
     return _unstamped(out).select(*_answer_columns(tagging.key_columns))

@@ -30,11 +30,12 @@ ACK_FIELDS = [
     StructField("submit_ts", LongType(), False),
     StructField("sidecar_id", StringType(), True),
     StructField("endpoint", StringType(), True),
+    StructField("sidecar_fallback_text", StringType(), True),
 ]
 _ACK_ARROW = pa.schema([
     ("accepted", pa.bool_()), ("reason", pa.string()), ("detail", pa.string()),
     ("duplicate", pa.bool_()), ("submit_ts", pa.int64()), ("sidecar_id", pa.string()),
-    ("endpoint", pa.string()),
+    ("endpoint", pa.string()), ("sidecar_fallback_text", pa.string()),
 ])
 
 
@@ -57,7 +58,7 @@ def resolve_endpoint(config: SidecarEndpointConfig) -> str:
 def _refused(n: int, reason: str, detail: str, now: int, endpoint: str) -> dict[str, list]:
     return {"accepted": [False] * n, "reason": [reason] * n, "detail": [detail] * n,
             "duplicate": [False] * n, "submit_ts": [now] * n, "sidecar_id": [None] * n,
-            "endpoint": [endpoint] * n}
+            "endpoint": [endpoint] * n, "sidecar_fallback_text": [None] * n}
 
 
 def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
@@ -90,6 +91,7 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                         "submit_ts": [now] * len(rows),
                         "sidecar_id": [reply.sidecar_id] * len(rows),
                         "endpoint": [endpoint] * len(rows),
+                        "sidecar_fallback_text": [a.fallback_text or None for a in reply.acks],
                     }
                     if len(reply.acks) != len(rows):
                         raise RuntimeError(f"{len(reply.acks)} acks for {len(rows)} requests")
@@ -117,8 +119,9 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig) -> DataF
     """Send every request row to the sidecar; return one ack row per request.
 
     The output keeps the input columns except ``prompt`` and adds ``accepted``,
-    ``reason``, ``detail``, ``duplicate``, ``submit_ts``, ``sidecar_id`` and
-    ``endpoint``.
+    ``reason``, ``detail``, ``duplicate``, ``submit_ts``, ``sidecar_id``,
+    ``endpoint`` and ``sidecar_fallback_text`` (the sidecar pool's rule answer,
+    set on refusals; L4 prefers it to the pipeline's own fallback text).
 
     Example:
         >>> acks = submit_requests(build_requests(events, tagging, template),  # doctest: +SKIP

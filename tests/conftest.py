@@ -34,11 +34,18 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
 def tiny_sidecar(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
                  ) -> Iterator[RemoteSidecar]:
     """A real sidecar process (real vLLM, tiny Llama) with room for two requests in the
-    engine, so queueing and priority are visible. Tests use unique request ids."""
+    engine, so queueing and priority are visible. Tests use unique request ids.
+
+    Deadline-aware admission is off and every pool may queue for a minute, so that
+    deadlines can be seen to abort work in the engine and in the queue, and tests
+    that leave long requests running do not get later tests' requests shed;
+    test_vllm_overload.py runs with the shipped settings."""
     results = tmp_path_factory.mktemp("tiny-sidecar") / "results"
     args = ["--config", str(CONF), "--model", str(tiny_llama_dir),
             "--max-in-flight", "2", "--engine-arg", "max_num_seqs=2",
-            "--sidecar-id", "tiny-sidecar"]
+            "--sidecar-id", "tiny-sidecar", "--set", "scheduler.deadline_admission=false",
+            *[arg for p in ("high", "normal", "low")
+              for arg in ("--set", f"scheduler.pools.{p}.max_queue_delay_ms=60000")]]
     with RemoteSidecar(results, args) as sidecar:
         yield sidecar
 

@@ -59,7 +59,7 @@ def test_queue_full_sheds_at_once() -> None:
         await _until(lambda: len(results) == 6)
 
     results = asyncio.run(_with_scheduler(
-        _fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1, max_queued=3), body))
+        _fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1, pools={"normal": {"max_queued": 3}}), body))
     assert sorted(r.request_id for r in results) == [f"q{i}" for i in range(6)]
 
 
@@ -79,7 +79,7 @@ def test_every_request_ends_exactly_once_under_overload() -> None:
         assert sum(stats.queued.values()) == sum(stats.in_flight.values()) == 0
 
     results = asyncio.run(_with_scheduler(
-        _fast_engine(max_num_seqs=8), SchedulerConfig(max_in_flight=8, max_queued=100), body))
+        _fast_engine(max_num_seqs=8), SchedulerConfig(max_in_flight=8, pools={p: {"max_queued": 40} for p in ("high", "normal", "low")}), body))
     ids = [r.request_id for r in results]
     assert len(ids) == len(set(ids)) == n
     statuses = {r.status for r in results}

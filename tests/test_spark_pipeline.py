@@ -17,7 +17,7 @@ from spark_ext.pipeline import StsPipeline
 from spark_ext.submit import submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
-from tests.utils import RemoteSidecar, free_port
+from tests.utils import REPO, RemoteSidecar, free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -165,6 +165,28 @@ def test_unreachable_sidecar_gives_fallbacks_and_keeps_running(spark, tmp_path: 
     assert {a["answer_source"] for a in answers.values()} == {"fallback"}
     assert {a["status"] for a in answers.values()} == {"unavailable"}
     assert all(a["answer"] == cfg.join.fallback_text for a in answers.values())
+
+
+def test_sidecar_refusal_answers_with_the_pools_fallback_text(
+        spark, tmp_path: Path, tiny_sidecar: RemoteSidecar) -> None:
+    """The sidecar refuses (max_tokens over its cap); each answer is the rule text of the
+    request's pool from conf/sidecar.yaml, not the pipeline's generic fallback."""
+    from sidecar.config import SidecarConfig
+
+    pools = SidecarConfig.from_yaml(REPO / "conf" / "sidecar.yaml").scheduler.pools
+    cfg = _config(tmp_path, tiny_sidecar.target, str(tiny_sidecar.results_dir),
+                  tagging={"max_tokens": 100_000})
+    _write_events(tmp_path, "refused", _events("refused", 3))
+    pipeline = StsPipeline(spark, cfg)
+    pipeline.start()
+    try:
+        answers = _run_until(pipeline, lambda a: len(a) == 3)
+    finally:
+        pipeline.stop()
+    assert {a["status"] for a in answers.values()} == {"max_tokens_out_of_range"}
+    for a in answers.values():
+        assert a["answer"] == a["fallback_text"] == pools[a["priority"]].fallback_text
+    assert len({a["answer"] for a in answers.values()}) == 3
 
 
 def test_late_result_gets_fallback_then_backfill(spark, tmp_path: Path,

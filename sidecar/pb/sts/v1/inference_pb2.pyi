@@ -103,6 +103,14 @@ class _RefusalReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Refusal
     REFUSAL_REASON_QUEUE_FULL: _RefusalReason.ValueType  # 9
     REFUSAL_REASON_DEADLINE_INFEASIBLE: _RefusalReason.ValueType  # 10
     REFUSAL_REASON_DRAINING: _RefusalReason.ValueType  # 11
+    REFUSAL_REASON_OVERLOADED: _RefusalReason.ValueType  # 12
+    """/ Load shedding: queue depth or in-flight tokens passed the watermark of
+    / this priority (low is shed first, then normal; high never by watermark).
+    """
+    REFUSAL_REASON_QUEUE_DELAY_EXCEEDED: _RefusalReason.ValueType  # 13
+    """/ The pool's queue wait (estimated at admission, or actual while queued)
+    / passed the pool's max_queue_delay_ms.
+    """
 
 class RefusalReason(_RefusalReason, metaclass=_RefusalReasonEnumTypeWrapper):
     """/ Why a request was refused at admission. Machine-readable; `detail` in the
@@ -121,6 +129,14 @@ REFUSAL_REASON_DEADLINE_PASSED: RefusalReason.ValueType  # 8
 REFUSAL_REASON_QUEUE_FULL: RefusalReason.ValueType  # 9
 REFUSAL_REASON_DEADLINE_INFEASIBLE: RefusalReason.ValueType  # 10
 REFUSAL_REASON_DRAINING: RefusalReason.ValueType  # 11
+REFUSAL_REASON_OVERLOADED: RefusalReason.ValueType  # 12
+"""/ Load shedding: queue depth or in-flight tokens passed the watermark of
+/ this priority (low is shed first, then normal; high never by watermark).
+"""
+REFUSAL_REASON_QUEUE_DELAY_EXCEEDED: RefusalReason.ValueType  # 13
+"""/ The pool's queue wait (estimated at admission, or actual while queued)
+/ passed the pool's max_queue_delay_ms.
+"""
 Global___RefusalReason: _TypeAlias = RefusalReason  # noqa: Y015
 
 @_typing.final
@@ -224,6 +240,7 @@ class SubmitAck(_message.Message):
     DETAIL_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
     RECEIVED_TS_FIELD_NUMBER: _builtins.int
+    FALLBACK_TEXT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     accepted: _builtins.bool
     """/ True when the request was admitted (or had already been admitted)."""
@@ -235,6 +252,10 @@ class SubmitAck(_message.Message):
     """/ True when this request_id had been submitted before; nothing new is generated."""
     received_ts: _builtins.int
     """/ Sidecar receive time, epoch milliseconds."""
+    fallback_text: _builtins.str
+    """/ Set when accepted is false: the sidecar's rule fallback answer for this
+    / request, so L4 can answer without waiting.
+    """
     def __init__(
         self,
         *,
@@ -244,10 +265,11 @@ class SubmitAck(_message.Message):
         detail: _builtins.str = ...,
         duplicate: _builtins.bool = ...,
         received_ts: _builtins.int = ...,
+        fallback_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "detail", b"detail", "duplicate", b"duplicate", "reason", b"reason", "received_ts", b"received_ts", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "detail", b"detail", "duplicate", b"duplicate", "fallback_text", b"fallback_text", "reason", b"reason", "received_ts", b"received_ts", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -305,6 +327,8 @@ class Result(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     DEADLINE_TS_FIELD_NUMBER: _builtins.int
     CALLBACK_TOPIC_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    FALLBACK_TEXT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     trace_id: _builtins.str
     status: Global___Status.ValueType
@@ -326,6 +350,10 @@ class Result(_message.Message):
     priority: Global___Priority.ValueType
     deadline_ts: _builtins.int
     callback_topic: _builtins.str
+    reason: Global___RefusalReason.ValueType
+    """/ Why the request was refused or shed (REFUSAL_REASON_UNSPECIFIED otherwise)."""
+    fallback_text: _builtins.str
+    """/ The sidecar's rule fallback answer; set on every result that is not ok."""
     def __init__(
         self,
         *,
@@ -349,10 +377,12 @@ class Result(_message.Message):
         priority: Global___Priority.ValueType = ...,
         deadline_ts: _builtins.int = ...,
         callback_topic: _builtins.str = ...,
+        reason: Global___RefusalReason.ValueType = ...,
+        fallback_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "callback_topic", b"callback_topic", "deadline_ts", b"deadline_ts", "enqueue_ts", b"enqueue_ts", "error", b"error", "finish_reason", b"finish_reason", "finish_ts", b"finish_ts", "first_token_ts", b"first_token_ts", "model", b"model", "output_tokens", b"output_tokens", "priority", b"priority", "prompt_tokens", b"prompt_tokens", "received_ts", b"received_ts", "request_id", b"request_id", "sidecar_id", b"sidecar_id", "status", b"status", "text", b"text", "tpot_ms", b"tpot_ms", "trace_id", b"trace_id", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "callback_topic", b"callback_topic", "deadline_ts", b"deadline_ts", "enqueue_ts", b"enqueue_ts", "error", b"error", "fallback_text", b"fallback_text", "finish_reason", b"finish_reason", "finish_ts", b"finish_ts", "first_token_ts", b"first_token_ts", "model", b"model", "output_tokens", b"output_tokens", "priority", b"priority", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "received_ts", b"received_ts", "request_id", b"request_id", "sidecar_id", b"sidecar_id", "status", b"status", "text", b"text", "tpot_ms", b"tpot_ms", "trace_id", b"trace_id", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -379,22 +409,106 @@ class PoolStats(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ShedByReasonEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ResultsByStatusEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PRIORITY_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    TOKENS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    MAX_QUEUED_FIELD_NUMBER: _builtins.int
+    MAX_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    MAX_QUEUE_DELAY_MS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    SHED_BY_REASON_FIELD_NUMBER: _builtins.int
+    RESULTS_BY_STATUS_FIELD_NUMBER: _builtins.int
+    MET_DEADLINE_FIELD_NUMBER: _builtins.int
     priority: Global___Priority.ValueType
     queued: _builtins.int
     in_flight: _builtins.int
+    tokens_in_flight: _builtins.int
+    """/ Prompt plus max_tokens of the pool's requests in the engine."""
+    max_queued: _builtins.int
+    """/ The pool's configured limits."""
+    max_in_flight: _builtins.int
+    max_tokens_in_flight: _builtins.int
+    max_queue_delay_ms: _builtins.int
+    estimated_queue_wait_ms: _builtins.float
+    """/ Current estimate of the queue wait of a request admitted now, ms."""
+    ttft_ms: _builtins.float
+    """/ Smoothed time to first token and time per output token in the engine, ms."""
+    tpot_ms: _builtins.float
+    met_deadline: _builtins.int
+    """/ Results of this pool that finished ok before their deadline."""
+    @_builtins.property
+    def shed_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """/ Shed requests of this pool by reason name."""
+
+    @_builtins.property
+    def results_by_status(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """/ Terminal results of this pool by status name."""
+
     def __init__(
         self,
         *,
         priority: Global___Priority.ValueType = ...,
         queued: _builtins.int = ...,
         in_flight: _builtins.int = ...,
+        tokens_in_flight: _builtins.int = ...,
+        max_queued: _builtins.int = ...,
+        max_in_flight: _builtins.int = ...,
+        max_tokens_in_flight: _builtins.int = ...,
+        max_queue_delay_ms: _builtins.int = ...,
+        estimated_queue_wait_ms: _builtins.float = ...,
+        ttft_ms: _builtins.float = ...,
+        tpot_ms: _builtins.float = ...,
+        shed_by_reason: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        results_by_status: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        met_deadline: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "priority", b"priority", "queued", b"queued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_queue_wait_ms", b"estimated_queue_wait_ms", "in_flight", b"in_flight", "max_in_flight", b"max_in_flight", "max_queue_delay_ms", b"max_queue_delay_ms", "max_queued", b"max_queued", "max_tokens_in_flight", b"max_tokens_in_flight", "met_deadline", b"met_deadline", "priority", b"priority", "queued", b"queued", "results_by_status", b"results_by_status", "shed_by_reason", b"shed_by_reason", "tokens_in_flight", b"tokens_in_flight", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -459,6 +573,10 @@ class GetStatsResponse(_message.Message):
     PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
     UPTIME_S_FIELD_NUMBER: _builtins.int
+    KV_CACHE_USAGE_FIELD_NUMBER: _builtins.int
+    ENGINE_RUNNING_FIELD_NUMBER: _builtins.int
+    ENGINE_WAITING_FIELD_NUMBER: _builtins.int
+    TOKENS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     sidecar_id: _builtins.str
     engine: _builtins.str
     """/ "vllm" or "simulated"."""
@@ -474,6 +592,13 @@ class GetStatsResponse(_message.Message):
     """/ cached_tokens_total / prompt_tokens_total."""
     draining: _builtins.bool
     uptime_s: _builtins.float
+    kv_cache_usage: _builtins.float
+    """/ Share of the engine's KV cache in use (0..1); -1 when the engine does not say."""
+    engine_running: _builtins.int
+    """/ Sequences running and waiting inside the engine."""
+    engine_waiting: _builtins.int
+    tokens_in_flight: _builtins.int
+    """/ Total prompt plus max_tokens of all requests in the engine."""
     @_builtins.property
     def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolStats]: ...
     @_builtins.property
@@ -502,10 +627,14 @@ class GetStatsResponse(_message.Message):
         prefix_cache_hit_rate: _builtins.float = ...,
         draining: _builtins.bool = ...,
         uptime_s: _builtins.float = ...,
+        kv_cache_usage: _builtins.float = ...,
+        engine_running: _builtins.int = ...,
+        engine_waiting: _builtins.int = ...,
+        tokens_in_flight: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

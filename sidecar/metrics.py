@@ -1,0 +1,152 @@
+"""Prometheus metrics of the sidecar (``sts sidecar --metrics-port``).
+
+Two kinds, on a registry of their own (vLLM registers its ``vllm:*`` metrics
+on the global one; keeping ours apart keeps the endpoint small and lint-clean):
+
+* **Histograms** of each terminal result, observed as it is emitted: time to
+  first token, time per output token and end-to-end latency (receive to
+  finish), per priority; and a counter of results by priority, status and
+  reason (every shed is counted with its priority and reason).
+* **Live figures** read from :meth:`Scheduler.stats` at scrape time: queue
+  depth, in-flight requests and tokens per pool, estimated queue wait, engine
+  output tokens/s, KV-cache usage and prefix-cache hit ratio, submitted,
+  accepted and duplicate (dedupe hit) counts.
+
+Names follow Prometheus conventions: ``sts_sidecar_`` prefix, base units
+(seconds, ratios 0..1), ``_total`` on counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sidecar.request_state import ResultRecord
+
+_PREFIX = "sts_sidecar"
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 15.0, 30.0, 60.0, 120.0)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.0)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class _LiveCollector(Collector):
+    """Gauges and counters computed from the scheduler's live stats at scrape time."""
+
+    def __init__(self, scheduler, loop: asyncio.AbstractEventLoop | None) -> None:  # type: ignore[no-untyped-def]
+        self.scheduler = scheduler
+        self.loop = loop
+
+    def _stats(self):  # type: ignore[no-untyped-def]
+        """Read the stats on the scheduler's event loop (scrapes come from an HTTP thread)."""
+        if self.loop is None or _running_loop() is self.loop:
+            return self.scheduler.stats()
+
+        async def snapshot():  # type: ignore[no-untyped-def]
+            return self.scheduler.stats()
+
+        return asyncio.run_coroutine_threadsafe(snapshot(), self.loop).result(timeout=10)
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        per_pool = {
+            "queue_depth": ("Requests waiting in the pool's queue.", "queued"),
+            "in_flight_requests": ("Requests of the pool inside the engine.", "in_flight"),
+            "in_flight_tokens": ("Prompt plus max_tokens of the pool's requests in the engine.",
+                                 "tokens_in_flight"),
+            "estimated_queue_wait_seconds": ("Estimated queue wait of a request admitted now.",
+                                             "estimated_queue_wait_s"),
+            "max_queued_requests": ("Configured max_queued of the pool.", "max_queued"),
+        }
+        for name, (doc, attr) in per_pool.items():
+            g = GaugeMetricFamily(f"{_PREFIX}_{name}", doc, labels=["priority"])
+            for priority, pool in s.pools.items():
+                g.add_metric([str(priority)], float(getattr(pool, attr)))
+            yield g
+        counters = {
+            "requests_submitted": ("Requests received by SubmitBatch.", s.submitted),
+            "requests_accepted": ("Requests admitted into a pool.", s.accepted),
+            "dedupe_hits": ("Requests whose request_id had been seen before.", s.duplicates),
+            "prompt_tokens": ("Prompt tokens of requests that reached the engine.",
+                              s.prompt_tokens_total),
+            "cached_prompt_tokens": ("Prompt tokens served from the prefix cache.",
+                                     s.cached_tokens_total),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))
+        gauges = {
+            "output_tokens_per_second": ("Engine output tokens per second (10 s window).",
+                                         s.output_tokens_per_s),
+            "prefix_cache_hit_ratio": ("Prefix-cache hits over lookups (engine counters when "
+                                       "it keeps them).", s.prefix_cache_hit_rate),
+            "draining": ("1 while the sidecar drains for shutdown.", float(s.draining)),
+        }
+        if s.engine.kv_cache_usage is not None:
+            gauges["kv_cache_usage_ratio"] = ("Share of the engine's KV cache in use.",
+                                              s.engine.kv_cache_usage)
+        if s.engine.running is not None:
+            gauges["engine_running_requests"] = ("Sequences running in the engine.",
+                                                 float(s.engine.running))
+        if s.engine.waiting is not None:
+            gauges["engine_waiting_requests"] = ("Sequences waiting inside the engine.",
+                                                 float(s.engine.waiting))
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))
+
+
+class SidecarMetrics:
+    """The sidecar's metrics registry.
+
+    Args:
+        scheduler: Source of the live figures (read at scrape time).
+        loop: The event loop the scheduler runs on; scrapes read the live
+            figures there. ``None`` reads them directly (single-threaded use).
+
+    Example:
+        >>> metrics = SidecarMetrics(scheduler)  # doctest: +SKIP
+        >>> metrics.serve(9400)  # http://host:9400/metrics  # doctest: +SKIP
+    """
+
+    def __init__(self, scheduler, loop: asyncio.AbstractEventLoop | None = None) -> None:  # type: ignore[no-untyped-def]
+        self.registry = CollectorRegistry()
+        self.results = Counter(
+            f"{_PREFIX}_results", "Terminal results by priority, status and refusal reason.",
+            ["priority", "status", "reason"], registry=self.registry)
+        self.ttft = Histogram(
+            f"{_PREFIX}_time_to_first_token_seconds",
+            "Receive to first generated token (includes queue wait).", ["priority"],
+            buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.tpot = Histogram(
+            f"{_PREFIX}_time_per_output_token_seconds",
+            "Decode time per output token after the first.", ["priority"],
+            buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.e2e = Histogram(
+            f"{_PREFIX}_request_latency_seconds",
+            "Receive to terminal result, every status.", ["priority", "status"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(_LiveCollector(scheduler, loop))
+
+    def observe(self, record: ResultRecord) -> None:
+        """Count one terminal result (call it for every result emitted)."""
+        priority = record.priority or "unknown"
+        self.results.labels(priority, record.status, record.reason or "none").inc()
+        self.e2e.labels(priority, record.status).observe(
+            max(0.0, (record.finish_ts - record.received_ts) / 1000.0))
+        if record.ttft_ms is not None:
+            self.ttft.labels(priority).observe(record.ttft_ms / 1000.0)
+        if record.tpot_ms is not None:
+            self.tpot.labels(priority).observe(record.tpot_ms / 1000.0)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Expose ``/metrics`` on ``addr:port`` from a daemon thread."""
+        start_http_server(port, addr=addr, registry=self.registry)
