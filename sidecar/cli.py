@@ -53,7 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
     demo.add_argument("--max-tokens", type=int, default=48)
 
-    stats = sub.add_parser("sidecar-stats", help="print a sidecar's live figures as JSON")
+    bench = sub.add_parser("bench", help="STS vs the blocking foreachBatch baseline, or --knee")
+    from benchmarks.bench import add_bench_arguments
+
+    add_bench_arguments(bench)
+    plan = sub.add_parser("plan", help="GPUs needed for a traffic profile (seed formula)")
+    from benchmarks.plan import add_plan_arguments
+
+    add_plan_arguments(plan)
+
+    stats = sub.add_parser("sidecar-stats", help="print a sidecar's live figures")
     stats.add_argument("--target", default="127.0.0.1:50051", help="sidecar address")
     stats.add_argument("--json", action="store_true", help="print the raw GetStats answer")
     return parser
@@ -123,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
                                        engine=args.engine, max_tokens=args.max_tokens))
         print_summary(summary)
         return 0
+    if args.command == "bench":
+        from benchmarks.bench import run_bench_command
+
+        return run_bench_command(args)
+    if args.command == "plan":
+        from benchmarks.plan import run_plan
+
+        return run_plan(args)
     if args.command == "sidecar-stats":
         from google.protobuf.json_format import MessageToDict
 

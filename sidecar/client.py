@@ -69,6 +69,19 @@ class SidecarClient:
         return self._stub.SubmitBatch(pb.SubmitBatchRequest(requests=msgs),
                                       timeout=self.timeout_s)
 
+    def generate(self, request: Mapping[str, Any] | pb.InferenceRequest,
+                 timeout_s: float | None = None) -> pb.Result:
+        """Blocking: admit one request and wait for its terminal result (the
+        synchronous baseline; the product path is :meth:`submit`)."""
+        msg = request if isinstance(request, pb.InferenceRequest) else request_to_proto(request)
+        return self._stub.Generate(msg, timeout=timeout_s)
+
+    def generate_future(self, request: Mapping[str, Any] | pb.InferenceRequest,
+                        timeout_s: float | None = None) -> "grpc.Future":
+        """Like :meth:`generate` but returns a future (fire a batch, then wait for all)."""
+        msg = request if isinstance(request, pb.InferenceRequest) else request_to_proto(request)
+        return self._stub.Generate.future(msg, timeout=timeout_s)
+
     def stats(self) -> pb.GetStatsResponse:
         return self._stub.GetStats(pb.GetStatsRequest(), timeout=self.timeout_s)
 

@@ -90,10 +90,15 @@ class Engine(abc.ABC):
 def build_engine(config: EngineConfig) -> Engine:
     """Build the engine ``config.kind`` names (imports vLLM only when needed)."""
     if config.kind == "simulated":
-        from sidecar.simulated_engine import SimulatedEngine, SimulatedEngineConfig
+        from sidecar.simulated_engine import (
+            SimulatedCluster,
+            SimulatedEngine,
+            SimulatedEngineConfig,
+        )
 
-        return SimulatedEngine(SimulatedEngineConfig(**config.simulated),
-                               served_model_name=config.served_model_name)
+        sim = SimulatedEngineConfig(**config.simulated)
+        cls = SimulatedCluster if sim.replicas > 1 else SimulatedEngine
+        return cls(sim, served_model_name=config.served_model_name)
     from sidecar.vllm_engine import VllmEngine
 
     return VllmEngine(config)

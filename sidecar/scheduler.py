@@ -151,6 +151,7 @@ class Scheduler:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._queue_timers: dict[str, asyncio.TimerHandle] = {}
         self._seen: collections.OrderedDict[str, Ack] = collections.OrderedDict()
+        self._waiters: dict[str, asyncio.Future[ResultRecord]] = {}
         self._arrivals = itertools.count()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -221,6 +222,36 @@ class Scheduler:
             acks[i] = Ack(rid, first.accepted, first.reason, first.detail, duplicate=True,
                           received_ts=now, fallback_text=first.fallback_text)
         return [a for a in acks if a is not None]
+
+    async def generate(self, req: SidecarRequest) -> ResultRecord | Ack:
+        """Admit one request and wait for its terminal result (the blocking baseline
+        path). Returns the :class:`Ack` instead when no result will come for it
+        (a duplicate or a request without ``request_id``)."""
+        waiter: asyncio.Future[ResultRecord] = asyncio.get_running_loop().create_future()
+        fresh = bool(req.request_id) and req.request_id not in self._waiters
+        if fresh:
+            self._waiters[req.request_id] = waiter
+        ack = self.submit_batch([req])[0]
+        if not fresh or ack.duplicate or (not waiter.done() and not ack.accepted):
+            if fresh:
+                self._waiters.pop(req.request_id, None)
+            return ack
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            self.cancel(req, "caller cancelled the blocking call")
+            raise
+
+    def cancel(self, req: SidecarRequest, why: str) -> None:
+        """Abort one request wherever it is (its result row says ``error``/``abort``)."""
+        self._waiters.pop(req.request_id, None)
+        if req.status is RequestStatus.QUEUED:
+            self._leave_queue(req)
+            req.error = why
+            self._finish(req, RequestStatus.FINISHED_ABORTED, finish_reason="abort")
+        elif task := self._tasks.get(req.request_id):
+            req.error = why
+            task.cancel()
 
     # ------------------------------------------------------------------ load checks
 
@@ -461,7 +492,7 @@ class Scheduler:
             req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
         except asyncio.CancelledError:
             status, finish_reason = RequestStatus.FINISHED_ABORTED, "abort"
-            req.error = "aborted by sidecar shutdown"
+            req.error = req.error or "aborted by sidecar shutdown"
             raise
         except EngineDeadError as e:
             self.engine_dead = True
@@ -511,6 +542,8 @@ class Scheduler:
         if self.log_requests:
             logger.info("Finished request %s: %s.", req.request_id, record.status)
         self._emit(record)
+        if (waiter := self._waiters.pop(req.request_id, None)) and not waiter.done():
+            waiter.set_result(record)
         self._update_idle()
 
     def _update_idle(self) -> None:

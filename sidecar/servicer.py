@@ -8,7 +8,7 @@ import grpc
 
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
-from sidecar.request_state import Priority, SidecarRequest
+from sidecar.request_state import Priority, RefusalReason, ResultRecord, SidecarRequest
 from sidecar.scheduler import Ack, Scheduler, SchedulerStats
 
 _PRIORITY_VALUES = {int(p) for p in Priority}
@@ -83,6 +83,37 @@ def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, mode
     )
 
 
+_STATUS_VALUES = {"ok": pb.STATUS_OK, "timeout": pb.STATUS_TIMEOUT, "shed": pb.STATUS_SHED,
+                  "rejected": pb.STATUS_REJECTED, "error": pb.STATUS_ERROR}
+
+
+def result_to_proto(r: ResultRecord) -> pb.Result:
+    """The wire form of one terminal result (the same fields as a result-channel row)."""
+    return pb.Result(
+        request_id=r.request_id, trace_id=r.trace_id, status=_STATUS_VALUES[r.status],
+        text=r.text, finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens,
+        output_tokens=r.output_tokens, cached_tokens=r.cached_tokens, enqueue_ts=r.enqueue_ts,
+        received_ts=r.received_ts, first_token_ts=r.first_token_ts or 0, finish_ts=r.finish_ts,
+        ttft_ms=r.ttft_ms or 0.0, tpot_ms=r.tpot_ms or 0.0, error=r.error or "",
+        sidecar_id=r.sidecar_id, model=r.model,
+        priority=int(Priority.parse(r.priority)) if r.priority else pb.PRIORITY_UNSPECIFIED,
+        deadline_ts=r.deadline_ts, callback_topic=r.callback_topic,
+        reason=int(RefusalReason[r.reason.upper()]) if r.reason else
+        pb.REFUSAL_REASON_UNSPECIFIED,
+        fallback_text=r.fallback_text)
+
+
+def _ack_as_result(ack: Ack, msg: pb.InferenceRequest, sidecar_id: str) -> pb.Result:
+    detail = ("request_id was submitted before; its result went to the result channel"
+              if ack.duplicate else ack.detail)
+    return pb.Result(request_id=ack.request_id, trace_id=msg.trace_id, status=pb.STATUS_REJECTED,
+                     finish_reason="rejected", received_ts=ack.received_ts,
+                     finish_ts=ack.received_ts, error=detail, sidecar_id=sidecar_id,
+                     priority=msg.priority, deadline_ts=msg.deadline_ts,
+                     reason=int(ack.reason) if ack.reason else pb.REFUSAL_REASON_UNSPECIFIED,
+                     fallback_text=ack.fallback_text)
+
+
 class InferenceServicer(pb_grpc.InferenceServicer):
     """Implements ``sts.v1.Inference`` on top of a :class:`Scheduler`."""
 
@@ -96,6 +127,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         acks = self.scheduler.submit_batch([request_from_proto(r) for r in request.requests])
         return pb.SubmitBatchResponse(acks=[ack_to_proto(a) for a in acks],
                                       sidecar_id=self.scheduler.sidecar_id)
+
+    async def Generate(self, request: pb.InferenceRequest,
+                       context: grpc.aio.ServicerContext) -> pb.Result:
+        outcome = await self.scheduler.generate(request_from_proto(request))
+        if isinstance(outcome, Ack):
+            return _ack_as_result(outcome, request, self.scheduler.sidecar_id)
+        return result_to_proto(outcome)
 
     async def GetStats(self, request: pb.GetStatsRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:

@@ -54,11 +54,17 @@ class SimulatedEngineConfig:
     model_name: str = "simulated-llm"
     """Name reported as the served model."""
 
+    replicas: int = 1
+    """Independent GPUs behind this sidecar (a simulated cluster for seed-scale runs);
+    each request goes to the replica with the fewest sequences."""
+
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"{self.max_num_seqs=} must be >= 1")
         if self.step_base_ms <= 0 or self.step_per_seq_ms < 0:
             raise ValueError(f"{self.step_base_ms=} must be > 0 and {self.step_per_seq_ms=} >= 0")
+        if self.replicas < 1:
+            raise ValueError(f"{self.replicas=} must be >= 1")
         if self.prefill_tokens_per_s <= 0 or self.kv_capacity_tokens < 1:
             raise ValueError(
                 f"{self.prefill_tokens_per_s=} and {self.kv_capacity_tokens=} must be positive"
@@ -189,3 +195,44 @@ class SimulatedEngine(Engine):
                 await task
             except asyncio.CancelledError:
                 pass
+
+
+class SimulatedCluster(Engine):
+    """``replicas`` independent :class:`SimulatedEngine` GPUs behind one interface;
+    each request goes to the replica with the fewest running plus waiting sequences."""
+
+    kind = "simulated"
+
+    def __init__(self, config: SimulatedEngineConfig, *,
+                 served_model_name: str | None = None) -> None:
+        self.config = config
+        self.replicas = [SimulatedEngine(config, served_model_name=served_model_name)
+                         for _ in range(config.replicas)]
+        self.max_model_len = self.replicas[0].max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.replicas[0].model_name
+
+    async def start(self) -> None:
+        for replica in self.replicas:
+            await replica.start()
+
+    def encode_prompt(self, prompts: list[str]) -> list[list[int]]:
+        return self.replicas[0].encode_prompt(prompts)
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
+        target = min(self.replicas, key=lambda r: len(r._running) + len(r._waiting))
+        return target.generate(request)
+
+    def stats(self) -> EngineStats:
+        parts = [r.stats() for r in self.replicas]
+        return EngineStats(
+            kv_cache_usage=sum(p.kv_cache_usage or 0.0 for p in parts) / len(parts),
+            running=sum(p.running or 0 for p in parts),
+            waiting=sum(p.waiting or 0 for p in parts),
+        )
+
+    async def shutdown(self) -> None:
+        for replica in self.replicas:
+            await replica.shutdown()

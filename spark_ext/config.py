@@ -56,7 +56,12 @@ class TaggingConfig:
     """Model name sent with each request (empty = the sidecar's model)."""
 
     max_tokens: int = 64
-    """``max_tokens`` of each request."""
+    """``max_tokens`` of each request, or the cap when ``max_tokens_column`` is set."""
+
+    max_tokens_column: str | None = None
+    """Column or SQL expression giving each event's own ``max_tokens`` (clipped to
+    ``[1, max_tokens]``; null falls back to ``max_tokens``). Real output lengths are
+    long-tailed: a per-event budget avoids load tests with one fixed value."""
 
     temperature: float = 0.0
     """Sampling temperature."""

@@ -168,18 +168,11 @@ def run_demo(opts: DemoOptions) -> dict:
                 raise TimeoutError("sidecar did not start in 300 s")
             time.sleep(0.5)
 
-        from pyspark.sql import SparkSession
-
         from spark_ext.pipeline import StsPipeline
+        from spark_ext.session import local_session
 
         print("Starting Spark (local[2]) ...", flush=True)
-        spark = (SparkSession.builder.master("local[2]").appName("sts-demo")
-                 .config("spark.sql.shuffle.partitions", "2")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.streaming.multipleWatermarkPolicy", "max")
-                 .getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_session("sts-demo")
         high, normal, low = opts.sla_ms
         config = PipelineConfig.from_dict({
             "source": {"path": str(out / "events")},

@@ -42,6 +42,12 @@ def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplat
         enqueue = _expr(config.event_time_ms, df).cast("long")
     else:
         enqueue = (F.unix_micros(F.current_timestamp()) / 1000).cast("long")
+    max_tokens = F.lit(config.max_tokens)
+    if config.max_tokens_column:
+        own = _expr(config.max_tokens_column, df).cast("int")
+        # greatest/least skip nulls, so a null budget is handled first
+        max_tokens = F.when(own.isNull(), F.lit(config.max_tokens)).otherwise(
+            F.least(F.greatest(own, F.lit(1)), F.lit(config.max_tokens)))
     sla = F.lit(None).cast("long")
     for p in reversed(PRIORITIES):
         sla = F.when(F.col("priority") == p, F.lit(config.sla_ms[p])).otherwise(sla)
@@ -56,7 +62,7 @@ def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplat
                  sla, F.lit(config.sla_ms["normal"])))
              .withColumn("model", F.lit(config.model))
              .withColumn("prompt", template.column())
-             .withColumn("max_tokens", F.lit(config.max_tokens).cast("int"))
+             .withColumn("max_tokens", max_tokens.cast("int"))
              .withColumn("temperature", F.lit(config.temperature).cast("float"))
              .withColumn("cache_key", F.lit(template.cache_key))
              .withColumn("callback_topic", F.replace(F.lit(config.callback_topic),

@@ -53,13 +53,8 @@ def tiny_sidecar(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole test session."""
-    from pyspark.sql import SparkSession
+    from spark_ext.session import local_session
 
-    session = (SparkSession.builder.master("local[2]").appName("sts-tests")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.streaming.multipleWatermarkPolicy", "max")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("sts-tests")
     yield session
     session.stop()

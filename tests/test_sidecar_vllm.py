@@ -157,3 +157,18 @@ def test_garbage_bytes_get_a_grpc_error_not_a_crash(tiny_sidecar: RemoteSidecar)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     channel.close()
     assert tiny_sidecar.client.is_serving()
+
+
+def test_generate_blocks_until_the_result_and_reports_it_once(
+        tiny_sidecar: RemoteSidecar) -> None:
+    from sidecar.pb.sts.v1 import inference_pb2 as pb
+
+    result = tiny_sidecar.client.generate(make_request("gen-1", max_tokens=12), timeout_s=60)
+    assert result.status == pb.STATUS_OK and result.output_tokens == 12 and result.text
+    row = wait_for_results(tiny_sidecar.results_dir, {"gen-1"})["gen-1"]
+    assert row["text"] == result.text  # the result channel has the same, single row
+    again = tiny_sidecar.client.generate(make_request("gen-1"), timeout_s=10)
+    assert again.status == pb.STATUS_REJECTED and "submitted before" in again.error
+    refused = tiny_sidecar.client.generate(make_request("gen-2", max_tokens=0), timeout_s=10)
+    assert refused.status == pb.STATUS_REJECTED
+    assert refused.reason == pb.REFUSAL_REASON_MAX_TOKENS_OUT_OF_RANGE and refused.fallback_text

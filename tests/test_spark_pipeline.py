@@ -98,6 +98,17 @@ def test_request_tagging_is_stable_and_complete(spark, tmp_path: Path) -> None:
         assert r["callback_topic"] == f"llm.result.{r['priority']}"
 
 
+def test_per_event_max_tokens_column_is_clipped_to_the_cap(spark, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "unused", "unused",
+                  tagging={"max_tokens": 100, "max_tokens_column": "budget"})
+    events = [dict(e, budget=b) for e, b in zip(_events("mt", 4), [7, 0, 5000, None])]
+    df = spark.createDataFrame(events, "event_id string, text string, priority string, "
+                                       "event_ts long, budget int")
+    template = PromptTemplate(stable=cfg.template.stable, dynamic=cfg.template.dynamic)
+    rows = build_requests(df, cfg.tagging, template).orderBy("event_id").collect()
+    assert [r["max_tokens"] for r in rows] == [7, 1, 100, 100]
+
+
 def test_submit_returns_before_generation(spark, tmp_path: Path,
                                           tiny_sidecar: RemoteSidecar) -> None:
     cfg = _config(tmp_path, tiny_sidecar.target, str(tiny_sidecar.results_dir),

@@ -45,6 +45,11 @@ class InferenceStub:
                 request_serializer=sts_dot_v1_dot_inference__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=sts_dot_v1_dot_inference__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.Generate = channel.unary_unary(
+                '/sts.v1.Inference/Generate',
+                request_serializer=sts_dot_v1_dot_inference__pb2.InferenceRequest.SerializeToString,
+                response_deserializer=sts_dot_v1_dot_inference__pb2.Result.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -66,6 +71,16 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Generate(self, request, context):
+        """/ Blocking call: admit one request and wait for its terminal result (which is
+        / also written to the result channel). Not the product path: it exists for
+        / the synchronous foreachBatch baseline of `sts bench` and for debugging.
+        / A duplicate or id-less request gets a rejected Result at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +93,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=sts_dot_v1_dot_inference__pb2.GetStatsRequest.FromString,
                     response_serializer=sts_dot_v1_dot_inference__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'Generate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=sts_dot_v1_dot_inference__pb2.InferenceRequest.FromString,
+                    response_serializer=sts_dot_v1_dot_inference__pb2.Result.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +155,33 @@ class Inference:
             '/sts.v1.Inference/GetStats',
             sts_dot_v1_dot_inference__pb2.GetStatsRequest.SerializeToString,
             sts_dot_v1_dot_inference__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Generate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sts.v1.Inference/Generate',
+            sts_dot_v1_dot_inference__pb2.InferenceRequest.SerializeToString,
+            sts_dot_v1_dot_inference__pb2.Result.FromString,
             options,
             channel_credentials,
             insecure,

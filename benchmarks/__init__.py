@@ -1,0 +1,1 @@
+"""Traffic profiles, request generation and capacity planning for load tests (``sts plan``)."""

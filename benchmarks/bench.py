@@ -1,0 +1,212 @@
+"""``sts bench``: STS against the blocking-foreachBatch baseline over a ladder of rates,
+and ``sts bench --knee``: the sidecar's own throughput/latency curve and its knee.
+
+One sidecar process and one SparkSession serve every run, so all schemes meet the
+same engine. Each (rate, scheme) run replays the same generated events (one seed
+per rate) for ``duration_s``, then waits for the answers (up to the largest SLA
+plus 5 s; STS then closes its join windows). Writes ``bench.json`` and PNG plots
+into ``out``, and prints progress and a table while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks.profiles import TrafficProfile, generate, load_profile
+from benchmarks.schemes import SCHEMES, RunContext, run_scheme
+
+#: Knee: the first rate where P99 exceeds this multiple of the lowest rate's P99,
+#: or where the engine completes less than ``KNEE_THROUGHPUT`` of what is offered.
+KNEE_P99_FACTOR = 3.0
+KNEE_THROUGHPUT = 0.95
+
+
+@dataclass
+class BenchOptions:
+    """What ``sts bench`` runs."""
+
+    profile: str = "cpu-small"
+    """Profile name (``conf/profiles/<name>.yaml``) or path."""
+
+    engine: str = "vllm"
+    """``vllm`` (the prepared SmolLM2 unless ``model``) or ``simulated``."""
+
+    model: str | None = None
+    rates: list[float] = field(default_factory=list)
+    """Offered events/s; empty = the profile's rate x 0.5, 1, 2, 4."""
+
+    duration_s: float = 30.0
+    schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
+    trigger_s: float = 1.0
+    out: str = "./sts-bench"
+    knee: bool = False
+    sidecar_config: str | None = None
+    """``sts sidecar --config`` file (default: ``conf/sidecar.yaml``)."""
+
+    sidecar_args: list[str] = field(default_factory=list)
+    """Extra ``sts sidecar`` flags (e.g. ``--set engine.simulated.replicas=8``)."""
+
+    seed: int = 0
+
+
+def _machine() -> dict:
+    return {"platform": platform.platform(), "python": sys.version.split()[0],
+            "cpus": os.cpu_count(), "processor": platform.processor()}
+
+
+def _rates(opts: BenchOptions, profile: TrafficProfile) -> list[float]:
+    if opts.rates:
+        return sorted(opts.rates)
+    base = profile.arrivals.rate_per_s
+    factors = (0.25, 0.5, 1, 1.5, 2, 3, 4) if opts.knee else (0.5, 1, 2, 4)
+    return [round(base * f, 3) for f in factors]
+
+
+def find_knee(curve: list[dict]) -> dict:
+    """The safe water level: the highest rate before P99 turns sharply upward or the
+    engine stops keeping up (see :data:`KNEE_P99_FACTOR`, :data:`KNEE_THROUGHPUT`)."""
+    points = [c for c in curve if c["latency_ms"]["p99"] is not None]
+    if not points:
+        return {"knee_rate": None, "reason": "no answers"}
+    base = points[0]["latency_ms"]["p99"]
+    safe = points[0]["offered_rate"]
+    for c in points[1:]:
+        served = c["llm_throughput_per_s"] / c["offered_rate"] if c["offered_rate"] else 1.0
+        if c["latency_ms"]["p99"] > KNEE_P99_FACTOR * base:
+            return {"knee_rate": safe, "first_bad_rate": c["offered_rate"],
+                    "reason": f"P99 {c['latency_ms']['p99']:.0f} ms > {KNEE_P99_FACTOR} x "
+                              f"{base:.0f} ms at the lowest rate"}
+        if served < KNEE_THROUGHPUT:
+            return {"knee_rate": safe, "first_bad_rate": c["offered_rate"],
+                    "reason": f"served {served:.0%} of the offered rate"}
+        safe = c["offered_rate"]
+    return {"knee_rate": safe, "first_bad_rate": None, "reason": "no knee within the ladder"}
+
+
+def _sidecar_args(opts: BenchOptions) -> list[str]:
+    args = ["--engine", opts.engine, "--sidecar-id", f"bench-{opts.engine}",
+            "--set", "results.flush_interval_s=0.1"]
+    if opts.sidecar_config:
+        args = ["--config", str(Path(opts.sidecar_config).resolve()), *args]
+    if opts.model:
+        args += ["--model", opts.model]
+    return args + list(opts.sidecar_args)
+
+
+def _row(r: dict) -> str:
+    lat = r["latency_ms"]
+    p50 = f"{lat['p50']:.0f}" if lat["p50"] is not None else "-"
+    p99 = f"{lat['p99']:.0f}" if lat["p99"] is not None else "-"
+    return (f"{r['scheme']:<20}{r['offered_rate']:>7.2f}{r['offered']:>8}{r['answered']:>9}"
+            f"{(r['goodput'] or 0):>9.0%}{(r['on_time_rate'] or 0):>9.0%}"
+            f"{r['llm_throughput_per_s']:>8.2f}{p50:>9}{p99:>9}{r['final_backlog']:>9}")
+
+
+HEADER = (f"{'scheme':<20}{'rate':>7}{'offered':>8}{'answered':>9}{'goodput':>9}{'on time':>9}"
+          f"{'llm/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'backlog':>9}")
+
+
+def run_bench(opts: BenchOptions) -> dict:
+    """Run the benchmark; return (and write) the result document."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from benchmarks.plots import plot_bench
+    from sidecar.process import SidecarProcess
+
+    profile = load_profile(opts.profile)
+    out = Path(opts.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "work"
+    if work.exists():
+        import shutil
+
+        shutil.rmtree(work)
+    schemes = ["engine"] if opts.knee else list(opts.schemes)
+    rates = _rates(opts, profile)
+    doc: dict = {"kind": "knee" if opts.knee else "bench", "options": asdict(opts),
+                 "profile": profile.name, "engine": opts.engine, "machine": _machine(),
+                 "simulation": opts.engine == "simulated", "runs": []}
+    if opts.engine == "vllm" and not opts.model:
+        from sidecar.model_prep import prepare_default_model
+
+        prepare_default_model()
+    spark = None
+    own_spark = False
+    print(f"sts bench: profile {profile.name}, engine {opts.engine}, rates {rates}, "
+          f"schemes {schemes}, {opts.duration_s:.0f} s each", flush=True)
+    with SidecarProcess(work / "results", _sidecar_args(opts), log_path=out / "sidecar.log",
+                        stop_timeout_s=30) as sidecar:
+        assert sidecar.client is not None
+        if any(s != "engine" for s in schemes):
+            from pyspark.sql import SparkSession
+
+            from spark_ext.session import local_session
+
+            spark = SparkSession.getActiveSession()
+            own_spark = spark is None
+            spark = spark or local_session("sts-bench")
+        ctx = RunContext(client=sidecar.client, results_dir=work / "results", work_dir=work,
+                         profile=profile, duration_s=opts.duration_s, trigger_s=opts.trigger_s,
+                         spark=spark)
+        print(HEADER, flush=True)
+        try:
+            for i, rate in enumerate(rates):
+                requests = generate(profile.with_rate(rate), opts.duration_s, seed=opts.seed + i)
+                for scheme in schemes:
+                    started = time.monotonic()
+                    result = run_scheme(scheme, ctx, rate, requests)
+                    result["wall_s"] = round(time.monotonic() - started, 1)
+                    doc["runs"].append(result)
+                    print(_row(result), flush=True)
+                    (out / "bench.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        finally:
+            if spark is not None and own_spark:
+                spark.stop()
+    if opts.knee:
+        doc["knee"] = find_knee([r for r in doc["runs"] if r["scheme"] == "engine"])
+        print(f"knee (safe water level): {doc['knee']}", flush=True)
+    doc["plots"] = [str(p) for p in plot_bench(doc, profile, out)]
+    (out / "bench.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    print(f"wrote {out / 'bench.json'} and {len(doc['plots'])} plots", flush=True)
+    return doc
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``sts bench``."""
+    p.add_argument("--profile", default="cpu-small", help="conf/profiles/<name>.yaml or a path")
+    p.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
+    p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
+    p.add_argument("--rates", help="comma-separated offered events/s (default: profile x 0.5..4)")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds per run")
+    p.add_argument("--schemes", default=",".join(SCHEMES),
+                   help=f"comma-separated subset of {','.join(SCHEMES)}")
+    p.add_argument("--trigger", type=float, default=1.0, help="micro-batch trigger, seconds")
+    p.add_argument("--out", default="./sts-bench", help="output folder (bench.json, *.png)")
+    p.add_argument("--knee", action="store_true",
+                   help="sidecar alone over a finer ladder; report the P99 knee")
+    p.add_argument("--sidecar-config", help="sidecar YAML (default conf/sidecar.yaml)")
+    p.add_argument("--sidecar-arg", action="append", default=[], dest="sidecar_args",
+                   help="extra `sts sidecar` argument (repeat), e.g. --sidecar-arg=--set "
+                        "--sidecar-arg=engine.simulated.replicas=8")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Entry point of ``sts bench``."""
+    opts = BenchOptions(
+        profile=args.profile, engine=args.engine, model=args.model,
+        rates=[float(r) for r in args.rates.split(",")] if args.rates else [],
+        duration_s=args.duration, schemes=[s for s in args.schemes.split(",") if s],
+        trigger_s=args.trigger, out=args.out, knee=args.knee,
+        sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed)
+    unknown = set(opts.schemes) - set(SCHEMES)
+    if unknown:
+        raise SystemExit(f"sts bench: unknown schemes {sorted(unknown)}; choose from {SCHEMES}")
+    run_bench(opts)
+    return 0

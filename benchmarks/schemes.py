@@ -1,0 +1,300 @@
+"""One benchmark run: one scheme at one offered rate, measured the same way for all.
+
+Schemes (same generated events, same sidecar process, same trigger interval):
+
+* ``engine``: the sidecar driven directly (no Spark), the engine's raw ceiling;
+* ``sts``: :class:`spark_ext.pipeline.StsPipeline` (fire-and-forget submit, join, fallback);
+* ``baseline-sync`` / ``baseline-concurrent``: :class:`benchmarks.baseline.BlockingForeachBatch`.
+
+Per run: offered events, answers (any source) and answers within the SLA, LLM
+answers within the SLA (goodput), sustained LLM throughput over the offered
+window, end-to-end latency P50/P90/P99 per priority (answer time minus the
+event's scheduled arrival), backlog over time (offered minus answered), micro-batch
+durations, engine output tokens/s.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.profiles import GeneratedRequest, TrafficProfile
+from benchmarks.replay import EVENT_SCHEMA, EventReplayer
+from sidecar.client import SidecarClient
+from sidecar.pb.sts.v1 import inference_pb2 as pb
+from sidecar.result_reader import read_results
+
+logger = logging.getLogger(__name__)
+
+SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
+_PRIORITY = {"high": pb.PRIORITY_HIGH, "normal": pb.PRIORITY_NORMAL, "low": pb.PRIORITY_LOW}
+
+
+@dataclass
+class Answer:
+    """One answered event, whatever the scheme."""
+
+    priority: str
+    latency_ms: float
+    on_time: bool
+    llm: bool
+    answered_ms: int
+
+
+@dataclass
+class RunContext:
+    """What every run shares."""
+
+    client: SidecarClient
+    results_dir: Path
+    work_dir: Path
+    profile: TrafficProfile
+    duration_s: float
+    trigger_s: float
+    spark: object | None = None
+    progress: Callable[[str], None] = print
+
+
+@dataclass
+class Sampler:
+    """Backlog and engine throughput, once a second."""
+
+    start: float = field(default_factory=time.monotonic)
+    backlog: list[tuple[float, int]] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+
+    def sample(self, client: SidecarClient, offered: int, answered: int) -> None:
+        self.backlog.append((round(time.monotonic() - self.start, 2), offered - answered))
+        try:
+            self.tokens_per_s.append(client.stats().output_tokens_per_s)
+        except Exception:  # stats are best effort while the sidecar is saturated
+            pass
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0, "p50": None, "p90": None, "p99": None}
+    arr = np.asarray(values, dtype=float)
+    return {"n": len(values), "p50": float(np.percentile(arr, 50)),
+            "p90": float(np.percentile(arr, 90)), "p99": float(np.percentile(arr, 99))}
+
+
+def summarize(scheme: str, rate: float, offered: int, answers: list[Answer], start_ms: int,
+              ctx: RunContext, sampler: Sampler, batch_durations_s: list[float]) -> dict:
+    """The figures of one run (the JSON row)."""
+    window_end = start_ms + ctx.duration_s * 1000
+    llm_in_window = sum(1 for a in answers if a.llm and a.answered_ms <= window_end)
+    by_priority = {p: _percentiles([a.latency_ms for a in answers if a.priority == p])
+                   for p in ("high", "normal", "low")}
+    return {
+        "scheme": scheme,
+        "offered_rate": rate,
+        "offered": offered,
+        "answered": len(answers),
+        "answered_on_time": sum(a.on_time for a in answers),
+        "llm_on_time": sum(a.on_time and a.llm for a in answers),
+        "goodput": (sum(a.on_time and a.llm for a in answers) / offered) if offered else None,
+        "on_time_rate": (sum(a.on_time for a in answers) / offered) if offered else None,
+        "llm_throughput_per_s": llm_in_window / ctx.duration_s,
+        "latency_ms": _percentiles([a.latency_ms for a in answers]),
+        "latency_ms_by_priority": by_priority,
+        "backlog": sampler.backlog,
+        "final_backlog": offered - len(answers),
+        "batch_s": _percentiles(batch_durations_s),
+        "engine_tokens_per_s": float(np.mean(sampler.tokens_per_s)) if sampler.tokens_per_s
+        else None,
+    }
+
+
+def wait_idle(client: SidecarClient, timeout_s: float = 120.0) -> None:
+    """Until the sidecar has nothing queued or running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = client.stats()
+        if sum(p.queued + p.in_flight for p in st.pools) == 0:
+            return
+        time.sleep(0.5)
+    logger.warning("sidecar still busy after %.0fs", timeout_s)
+
+
+def archive_results(results_dir: Path, archive: Path) -> None:
+    """Move finished result files aside so the next run's streams start empty."""
+    archive.mkdir(parents=True, exist_ok=True)
+    for f in results_dir.glob("*.parquet"):
+        shutil.move(str(f), archive / f.name)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def run_engine(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> dict:
+    """Drive the sidecar directly with the generated requests, on schedule."""
+    sampler = Sampler()
+    start_ms = time.time_ns() // 1_000_000
+    start = time.monotonic()
+    ids = []
+    pending = sorted(requests, key=lambda r: r.arrival_s)
+    i = 0
+    while i < len(pending) or time.monotonic() - start < ctx.duration_s:
+        elapsed = time.monotonic() - start
+        batch = []
+        while i < len(pending) and pending[i].arrival_s <= elapsed:
+            r = pending[i]
+            at = start_ms + int(r.arrival_s * 1000)
+            rid = f"eng-{rate}-{r.index}"
+            ids.append(rid)
+            batch.append(pb.InferenceRequest(
+                request_id=rid, trace_id=rid, priority=_PRIORITY[r.priority], enqueue_ts=at,
+                deadline_ts=at + r.sla_ms, prompt=r.prompt, max_tokens=r.max_tokens))
+            i += 1
+        if batch:
+            ctx.client.submit(batch)
+        if int(elapsed) != int(elapsed - 0.05):
+            sampler.sample(ctx.client, i, len(read_results(ctx.results_dir)))
+        if i >= len(pending) and elapsed >= ctx.duration_s:
+            break
+        time.sleep(0.05)
+    max_sla_s = max(ctx.profile.sla_ms.values()) / 1000
+    deadline = time.monotonic() + max_sla_s + 10
+    want = set(ids)
+    while True:
+        rows = {r["request_id"]: r for r in read_results(ctx.results_dir)
+                if r["request_id"] in want}
+        sampler.sample(ctx.client, len(ids), len(rows))
+        if len(rows) == len(want) or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    answers = [Answer(r["priority"], r["finish_ts"] - r["enqueue_ts"],
+                      r["status"] == "ok" and r["finish_ts"] <= r["deadline_ts"],
+                      r["status"] == "ok", r["finish_ts"]) for r in rows.values()]
+    return summarize("engine", rate, len(ids), answers, start_ms, ctx, sampler, [])
+
+
+# --------------------------------------------------------------------------- spark schemes
+
+
+def _pipeline_config(ctx: RunContext, run_dir: Path):
+    from spark_ext.config import PipelineConfig
+
+    cap = max(ctx.profile.output_tokens.cap, 1)
+    return PipelineConfig.from_dict({
+        "source": {"path": str(run_dir / "events"), "schema": EVENT_SCHEMA,
+                   "options": {"maxFilesPerTrigger": "1000"}},
+        "tagging": {"sla_ms": dict(ctx.profile.sla_ms), "max_tokens": cap,
+                    "max_tokens_column": "max_tokens"},
+        "sidecar": {"endpoint": ctx.client.target, "results_dir": str(ctx.results_dir),
+                    "timeout_s": 30.0},
+        "join": {"grace_ms": 1000, "results_watermark": "2 seconds"},
+        "output": {"out_dir": str(run_dir / "tables"),
+                   "checkpoint_dir": str(run_dir / "checkpoints"),
+                   "acks_dir": str(run_dir / "acks"), "trigger_s": ctx.trigger_s},
+    })
+
+
+def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> dict:
+    """The STS pipeline on the replayed events."""
+    from spark_ext.pipeline import StsPipeline
+
+    run_dir = ctx.work_dir / f"sts-{rate}"
+    config = _pipeline_config(ctx, run_dir)
+    pipeline = StsPipeline(ctx.spark, config)
+    replayer = EventReplayer(run_dir / "events", requests)
+    sampler = Sampler()
+    pipeline.start()
+    replayer.start()
+
+    def answered() -> list[dict]:
+        if not pipeline.answers.exists():
+            return []
+        return pipeline.answers.read(["request_id", "priority", "answer_source", "latency_ms",
+                                      "deadline_met", "answered_ts"]).to_pylist()
+
+    try:
+        end = time.monotonic() + ctx.duration_s
+        while time.monotonic() < end:
+            time.sleep(1.0)
+            sampler.sample(ctx.client, replayer.offered, len(answered()))
+        replayer.join()
+        drain_end = time.monotonic() + max(ctx.profile.sla_ms.values()) / 1000 + 5
+        while time.monotonic() < drain_end:
+            rows = answered()
+            sampler.sample(ctx.client, replayer.offered, len(rows))
+            if len(rows) >= replayer.offered:
+                break
+            time.sleep(1.0)
+        pipeline.drain()  # close the last join windows: remaining requests get fallbacks
+        close_end = time.monotonic() + 30
+        while time.monotonic() < close_end:
+            time.sleep(1.0)
+            rows = answered()
+            sampler.sample(ctx.client, replayer.offered, len(rows))
+            if len(rows) >= replayer.offered:
+                break
+        durations = [p["durationMs"].get("triggerExecution", 0) / 1000
+                     for q in pipeline.queries if q.name == "sts-submit"
+                     for p in q.recentProgress]
+    finally:
+        pipeline.stop()
+        replayer.stop()
+    answers = [Answer(r["priority"], float(r["latency_ms"]), bool(r["deadline_met"]),
+                      r["answer_source"] == "llm", r["answered_ts"]) for r in rows]
+    return summarize("sts", rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
+                     durations)
+
+
+def run_baseline(ctx: RunContext, rate: float, requests: list[GeneratedRequest],
+                 mode: str) -> dict:
+    """Scheme A on the replayed events; what is unanswered at the cutoff counts as missed."""
+    from benchmarks.baseline import BlockingForeachBatch
+
+    run_dir = ctx.work_dir / f"baseline-{mode}-{rate}"
+    config = _pipeline_config(ctx, run_dir)
+    baseline = BlockingForeachBatch(ctx.spark, config, mode)  # type: ignore[arg-type]
+    replayer = EventReplayer(run_dir / "events", requests)
+    sampler = Sampler()
+    baseline.start()
+    replayer.start()
+    try:
+        end = time.monotonic() + ctx.duration_s
+        while time.monotonic() < end:
+            time.sleep(1.0)
+            sampler.sample(ctx.client, replayer.offered, len(baseline.state.answers))
+        replayer.join()
+        drain_end = time.monotonic() + max(ctx.profile.sla_ms.values()) / 1000 + 5
+        while time.monotonic() < drain_end and \
+                len(baseline.state.answers) < replayer.offered:
+            time.sleep(1.0)
+            sampler.sample(ctx.client, replayer.offered, len(baseline.state.answers))
+    finally:
+        baseline.stop()
+        replayer.stop()
+    with baseline.state.lock:
+        done = list(baseline.state.answers)
+        durations = list(baseline.state.batch_durations_s)
+    answers = [Answer(a.priority, float(a.answered_ts - a.enqueue_ts),
+                      a.ok and a.answered_ts <= a.sla_deadline_ts, a.ok, a.answered_ts)
+               for a in done]
+    return summarize(f"baseline-{mode}", rate, replayer.offered, answers, replayer.start_ms,
+                     ctx, sampler, durations)
+
+
+def run_scheme(scheme: str, ctx: RunContext, rate: float,
+               requests: list[GeneratedRequest]) -> dict:
+    """Run one scheme at one rate, then wait for the sidecar to go idle."""
+    if scheme == "engine":
+        result = run_engine(ctx, rate, requests)
+    elif scheme == "sts":
+        result = run_sts(ctx, rate, requests)
+    elif scheme in ("baseline-sync", "baseline-concurrent"):
+        result = run_baseline(ctx, rate, requests, scheme.removeprefix("baseline-"))
+    else:
+        raise ValueError(f"unknown scheme {scheme!r}; choose from {SCHEMES}")
+    wait_idle(ctx.client)
+    archive_results(ctx.results_dir, ctx.work_dir / "results-archive" / f"{scheme}-{rate}")
+    return result

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Reproduce benchmarks/RESULTS.md: every benchmark, one after the other (~60 min on 2 cores).
+#   bash scripts/run_benchmarks.sh [OUT_DIR]      (default benchmarks/results)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export SPARK_LOCAL_IP=127.0.0.1
+OUT=${1:-benchmarks/results}
+mkdir -p "$OUT"
+
+# 1. Gateway overhead: submissions/s on one core, latency the sidecar adds.
+python -m benchmarks.gateway_overhead --out "$OUT/gateway_overhead.json"
+
+# 2. Seed scale, simulated: QPS up to 200, 3 s SLA for high, 10 simulated H100s.
+sts bench --engine simulated --profile seed-200qps --sidecar-config conf/sidecar-seed-sim.yaml \
+  --rates 50,100,200 --duration 20 --out "$OUT/seed-sim"
+
+# 3. Real vLLM on CPU (SmolLM2-135M), rates scaled to this machine.
+sts bench --engine vllm --profile cpu-small --rates 0.5,1,2,4 --duration 30 --out "$OUT/cpu-vllm"
+
+# 4. The sidecar's own knee on real vLLM.
+sts bench --knee --engine vllm --profile cpu-small --duration 20 --out "$OUT/cpu-vllm-knee"

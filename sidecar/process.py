@@ -1,0 +1,94 @@
+"""Run ``sts sidecar`` as a child process (demo, benchmarks, tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sidecar.client import SidecarClient
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SidecarProcess:
+    """``sts sidecar`` on a free loopback port, as a context manager.
+
+    ``__enter__`` polls the health service until ``SERVING`` and raises
+    ``RuntimeError`` with the log's tail if the process dies first; ``__exit__``
+    sends SIGTERM (the sidecar drains), waits ``stop_timeout_s``, then kills.
+
+    Example:
+        >>> with SidecarProcess(Path("results"), ["--engine", "simulated"]) as sc:  # doctest: +SKIP
+        ...     sc.client.stats()
+    """
+
+    def __init__(self, results_dir: Path, args: Sequence[str] = (), *,
+                 start_timeout_s: float = 240.0, stop_timeout_s: float = 8.0,
+                 log_path: Path | None = None, cpus: set[int] | None = None) -> None:
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.results_dir = Path(results_dir)
+        self.args = list(args)
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.log_path = log_path or self.results_dir.with_suffix(".log")
+        self.cpus = cpus
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client: SidecarClient | None = None
+
+    def __enter__(self) -> "SidecarProcess":
+        cmd = [sys.executable, "-m", "sidecar.cli", "sidecar", "--listen", self.target,
+               "--results-dir", str(self.results_dir), *self.args]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        cpus = self.cpus
+        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, preexec_fn=preexec)
+        self.client = SidecarClient(self.target, timeout_s=30.0)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Server exited unexpectedly. Log: {self.tail_log()}")
+            if self.client.is_serving():
+                return self
+            time.sleep(0.5)
+        self.__exit__(None, None, None)
+        raise TimeoutError(f"sidecar not serving after {self.start_timeout_s}s: {self.tail_log()}")
+
+    def sigterm(self, timeout_s: float = 120.0) -> int:
+        """Send SIGTERM and return the exit code."""
+        assert self.proc is not None
+        self.proc.terminate()
+        return self.proc.wait(timeout_s)
+
+    def tail_log(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def __exit__(self, *exc: object) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()

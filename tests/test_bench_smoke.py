@@ -1,0 +1,61 @@
+"""A tiny `sts bench` run (simulated engine, seconds), the knee finder and `sts plan` wiring."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.bench import BenchOptions, find_knee, run_bench
+from sidecar.cli import main as sts_main
+from tests.utils import REPO
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def _curve(points: list[tuple[float, float, float]]) -> list[dict]:
+    return [{"offered_rate": r, "llm_throughput_per_s": t, "latency_ms": {"p99": p}}
+            for r, t, p in points]
+
+
+def test_knee_is_the_last_rate_before_p99_turns_up() -> None:
+    curve = _curve([(1, 1, 100), (2, 2, 120), (4, 4, 180), (8, 7.9, 900), (16, 8, 5000)])
+    knee = find_knee(curve)
+    assert knee["knee_rate"] == 4 and knee["first_bad_rate"] == 8
+    # Throughput falling behind the offered rate is a knee too, even before P99 moves.
+    knee = find_knee(_curve([(1, 1, 100), (2, 2, 110), (4, 3, 150)]))
+    assert knee["knee_rate"] == 2 and "served" in knee["reason"]
+    assert find_knee(_curve([(1, 1, 100), (2, 2, 100)]))["first_bad_rate"] is None
+
+
+def test_plan_command_prints_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sts_main(["plan", "--profile", "seed-200qps", "--tokens-per-s", "3400"]) == 0
+    assert "GPUs" in capsys.readouterr().out
+
+
+def test_bench_smoke_all_schemes_on_the_simulated_engine(tmp_path: Path, spark) -> None:
+    """Seconds per scheme: every scheme answers, the JSON and the plots are written, and at
+    an overload the blocking baseline keeps a backlog that STS does not."""
+    profile = yaml.safe_load((REPO / "conf" / "profiles" / "cpu-small.yaml").read_text())
+    profile["sla_ms"] = {"high": 1500, "normal": 2500, "low": 4000}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(profile))
+    out = tmp_path / "bench"
+    # ~2 requests/s for a one-at-a-time caller; 8/s offered.
+    doc = run_bench(BenchOptions(
+        profile=str(tmp_path / "tiny.yaml"), engine="simulated", rates=[8.0], duration_s=6.0,
+        out=str(out),
+        sidecar_args=["--set", "engine.simulated.max_num_seqs=4",
+                      "--set", "engine.simulated.step_base_ms=20.0"]))
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["simulation"] is True and len(saved["runs"]) == 4
+    for name in ("latency_vs_rate.png", "goodput_vs_rate.png", "backlog.png"):
+        assert (out / name).stat().st_size > 10_000
+    runs = {r["scheme"]: r for r in doc["runs"]}
+    assert set(runs) == {"engine", "sts", "baseline-sync", "baseline-concurrent"}
+    for r in runs.values():
+        assert r["offered"] > 20 and r["answered"] > 0, r
+    assert runs["sts"]["answered"] == runs["sts"]["offered"]  # fallback covers the rest
+    assert runs["baseline-sync"]["final_backlog"] > runs["sts"]["final_backlog"] == 0
+    assert runs["sts"]["on_time_rate"] > runs["baseline-sync"]["on_time_rate"]

@@ -1,0 +1,46 @@
+"""Smoke test of the gateway overhead micro-benchmark (a real sidecar, simulated engine)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gateway_overhead import main, run
+
+_LATENCY_KEYS = ("ack_rtt_ms", "send_to_received_ms", "received_to_finish_ms",
+                 "finish_to_visible_ms", "send_to_visible_ms")
+
+
+@pytest.mark.timeout(timeout=90, method="thread")
+def test_gateway_overhead_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "gateway_overhead.json"
+    result = run(1.0, [1, 16], 1, out, latency_samples=50)
+
+    assert out.exists()
+    written = json.loads(out.read_text())
+    assert written["throughput"] == result["throughput"]
+    assert written["machine"]["cpu_count"] >= 1
+    assert written["settings"]["batch_sizes"] == [1, 16]
+
+    rows = {r["batch_size"]: r for r in written["throughput"]}
+    assert set(rows) == {1, 16}
+    for row in rows.values():
+        assert row["submissions_per_s"] > 0
+        assert row["rpcs_per_s"] > 0
+        assert row["refused"] == {}
+        assert 0 < row["ack_ms_per_rpc"]["p50"] <= row["ack_ms_per_rpc"]["p99"]
+    assert rows[16]["submissions_per_s"] > rows[1]["submissions_per_s"], rows
+
+    lat = written["added_latency"]
+    assert lat["statuses"] == {"ok": 50}
+    assert lat["visible_samples"] == 50
+    for key in _LATENCY_KEYS:
+        for stat in ("mean", "p50", "p99", "max"):
+            assert lat[key][stat] is not None and lat[key][stat] >= 0, (key, lat[key])
+
+
+def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--batch-sizes", "0", "--out", "/nonexistent/x.json"]) == 1
+    assert "batch_sizes" in capsys.readouterr().err
