@@ -106,6 +106,7 @@ def plot_bench(doc: dict, profile: TrafficProfile, out: Path) -> list[Path]:
             ax1.axvline(knee, color="black", ls="--", lw=1)
             ax1.text(knee, ax1.get_ylim()[1] * 0.95, f" knee {knee:g}/s", fontsize=8)
         ax1.set_title(f"Sidecar throughput and P99: {_label(doc)}", fontsize=9)
-        fig.legend(fontsize=7, loc="upper left")
+        handles = ax1.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+        ax1.legend(handles=handles, fontsize=7, loc="center right")
         _save(fig, out / "knee.png", written)
     return written

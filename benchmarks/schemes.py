@@ -63,18 +63,27 @@ class RunContext:
 
 @dataclass
 class Sampler:
-    """Backlog and engine throughput, once a second."""
+    """Backlog and engine throughput, once a second; a progress line every ``every_s``."""
 
+    label: str = ""
+    every_s: float = 10.0
     start: float = field(default_factory=time.monotonic)
     backlog: list[tuple[float, int]] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
+    _last_print: float = 0.0
 
     def sample(self, client: SidecarClient, offered: int, answered: int) -> None:
-        self.backlog.append((round(time.monotonic() - self.start, 2), offered - answered))
+        t = time.monotonic() - self.start
+        self.backlog.append((round(t, 2), offered - answered))
         try:
             self.tokens_per_s.append(client.stats().output_tokens_per_s)
         except Exception:  # stats are best effort while the sidecar is saturated
             pass
+        if self.label and t - self._last_print >= self.every_s:
+            self._last_print = t
+            tps = f"{self.tokens_per_s[-1]:.0f}" if self.tokens_per_s else "-"
+            print(f"  [{self.label} {t:5.0f}s] offered {offered}, answered {answered}, "
+                  f"backlog {offered - answered}, engine {tps} tok/s", flush=True)
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -98,6 +107,7 @@ def summarize(scheme: str, rate: float, offered: int, answers: list[Answer], sta
         "offered": offered,
         "answered": len(answers),
         "answered_on_time": sum(a.on_time for a in answers),
+        "llm_answers": sum(a.llm for a in answers),
         "llm_on_time": sum(a.on_time and a.llm for a in answers),
         "goodput": (sum(a.on_time and a.llm for a in answers) / offered) if offered else None,
         "on_time_rate": (sum(a.on_time for a in answers) / offered) if offered else None,
@@ -135,7 +145,7 @@ def archive_results(results_dir: Path, archive: Path) -> None:
 
 def run_engine(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> dict:
     """Drive the sidecar directly with the generated requests, on schedule."""
-    sampler = Sampler()
+    sampler = Sampler(f"engine @{rate:g}/s")
     start_ms = time.time_ns() // 1_000_000
     start = time.monotonic()
     ids = []
@@ -205,7 +215,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
     config = _pipeline_config(ctx, run_dir)
     pipeline = StsPipeline(ctx.spark, config)
     replayer = EventReplayer(run_dir / "events", requests)
-    sampler = Sampler()
+    sampler = Sampler(f"sts @{rate:g}/s")
     pipeline.start()
     replayer.start()
 
@@ -257,7 +267,7 @@ def run_baseline(ctx: RunContext, rate: float, requests: list[GeneratedRequest],
     config = _pipeline_config(ctx, run_dir)
     baseline = BlockingForeachBatch(ctx.spark, config, mode)  # type: ignore[arg-type]
     replayer = EventReplayer(run_dir / "events", requests)
-    sampler = Sampler()
+    sampler = Sampler(f"baseline-{mode} @{rate:g}/s")
     baseline.start()
     replayer.start()
     try:

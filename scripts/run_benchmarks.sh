@@ -18,4 +18,4 @@ sts bench --engine simulated --profile seed-200qps --sidecar-config conf/sidecar
 sts bench --engine vllm --profile cpu-small --rates 0.5,1,2,4 --duration 30 --out "$OUT/cpu-vllm"
 
 # 4. The sidecar's own knee on real vLLM.
-sts bench --knee --engine vllm --profile cpu-small --duration 20 --out "$OUT/cpu-vllm-knee"
+sts bench --knee --engine vllm --profile cpu-small --duration 40 --out "$OUT/cpu-vllm-knee"

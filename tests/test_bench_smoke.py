@@ -28,6 +28,13 @@ def test_knee_is_the_last_rate_before_p99_turns_up() -> None:
     knee = find_knee(_curve([(1, 1, 100), (2, 2, 110), (4, 3, 150)]))
     assert knee["knee_rate"] == 2 and "served" in knee["reason"]
     assert find_knee(_curve([(1, 1, 100), (2, 2, 100)]))["first_bad_rate"] is None
+    # A P99 from a handful of answers is not the baseline; answers after the drain count.
+    curve = _curve([(0.5, 0.5, 1000), (1, 1, 4000), (2, 2, 5000), (4, 3, 20000)])
+    for c, n in zip(curve, (3, 25, 50, 90)):
+        c["latency_ms"]["n"] = n
+        c["offered"], c["llm_answers"] = n, n
+    knee = find_knee(curve)
+    assert knee["knee_rate"] == 2 and knee["first_bad_rate"] == 4 and "P99" in knee["reason"]
 
 
 def test_plan_command_prints_gpus(capsys: pytest.CaptureFixture[str]) -> None:
