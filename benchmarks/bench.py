@@ -11,6 +11,7 @@ into ``out``, and prints progress and a table while it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -162,37 +163,31 @@ def run_bench(opts: BenchOptions) -> dict:
 
         prepare_default_model()
     spark = None
-    own_spark = False
     print(f"sts bench: profile {profile.name}, engine {opts.engine}, rates {rates}, "
           f"schemes {schemes}, {opts.duration_s:.0f} s each", flush=True)
-    with SidecarProcess(work / "results", _sidecar_args(opts), log_path=out / "sidecar.log",
-                        stop_timeout_s=30) as sidecar:
+    with contextlib.ExitStack() as stack:
+        sidecar = stack.enter_context(SidecarProcess(
+            work / "results", _sidecar_args(opts), log_path=out / "sidecar.log",
+            stop_timeout_s=30))
         assert sidecar.client is not None
         if any(s != "engine" for s in schemes):
-            from pyspark.sql import SparkSession
+            from spark_ext.session import session_scope
 
-            from spark_ext.session import local_session
-
-            spark = SparkSession.getActiveSession()
-            own_spark = spark is None
-            spark = spark or local_session("sts-bench")
+            # Spark stops before the sidecar; an active session (notebook, tests) is kept.
+            spark = stack.enter_context(session_scope("sts-bench"))
         ctx = RunContext(client=sidecar.client, results_dir=work / "results", work_dir=work,
                          profile=profile, duration_s=opts.duration_s, trigger_s=opts.trigger_s,
                          spark=spark)
         print(HEADER, flush=True)
-        try:
-            for i, rate in enumerate(rates):
-                requests = generate(profile.with_rate(rate), opts.duration_s, seed=opts.seed + i)
-                for scheme in schemes:
-                    started = time.monotonic()
-                    result = run_scheme(scheme, ctx, rate, requests)
-                    result["wall_s"] = round(time.monotonic() - started, 1)
-                    doc["runs"].append(result)
-                    print(_row(result), flush=True)
-                    (out / "bench.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
-        finally:
-            if spark is not None and own_spark:
-                spark.stop()
+        for i, rate in enumerate(rates):
+            requests = generate(profile.with_rate(rate), opts.duration_s, seed=opts.seed + i)
+            for scheme in schemes:
+                started = time.monotonic()
+                result = run_scheme(scheme, ctx, rate, requests)
+                result["wall_s"] = round(time.monotonic() - started, 1)
+                doc["runs"].append(result)
+                print(_row(result), flush=True)
+                (out / "bench.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
     if opts.knee:
         doc["knee"] = find_knee([r for r in doc["runs"] if r["scheme"] == "engine"])
         print(f"knee (safe water level): {doc['knee']}", flush=True)

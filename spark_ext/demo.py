@@ -9,6 +9,7 @@ prints a summary. Both processes are shut down cleanly, also on Ctrl-C.
 from __future__ import annotations
 
 import itertools
+import contextlib
 import json
 import logging
 import os
@@ -156,7 +157,8 @@ def run_demo(opts: DemoOptions) -> dict:
          "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8"],
         stdout=sidecar_log, stderr=subprocess.STDOUT, start_new_session=True)
     client = SidecarClient(target)
-    spark = pipeline = None
+    pipeline = None
+    spark_scope = contextlib.ExitStack()
     try:
         print(f"Starting sidecar ({opts.engine}) on {target}; log: {out / 'sidecar.log'}",
               flush=True)
@@ -169,10 +171,10 @@ def run_demo(opts: DemoOptions) -> dict:
             time.sleep(0.5)
 
         from spark_ext.pipeline import StsPipeline
-        from spark_ext.session import local_session
+        from spark_ext.session import session_scope
 
         print("Starting Spark (local[2]) ...", flush=True)
-        spark = local_session("sts-demo")
+        spark = spark_scope.enter_context(session_scope("sts-demo"))
         high, normal, low = opts.sla_ms
         config = PipelineConfig.from_dict({
             "source": {"path": str(out / "events")},
@@ -229,8 +231,7 @@ def run_demo(opts: DemoOptions) -> dict:
     finally:
         if pipeline is not None:
             pipeline.stop()
-        if spark is not None:
-            spark.stop()
+        spark_scope.close()  # stops Spark only if the demo started it
         client.close()
         if sidecar.poll() is None:
             sidecar.send_signal(signal.SIGTERM)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
@@ -20,3 +22,17 @@ def local_session(app_name: str, *, cores: int = 2) -> SparkSession:
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+@contextlib.contextmanager
+def session_scope(app_name: str, *, cores: int = 2) -> Iterator[SparkSession]:
+    """The active session if there is one (left running), else a new
+    :func:`local_session` that is stopped on exit. A demo or benchmark run inside a
+    notebook or test session must not stop the session it was given."""
+    existing = SparkSession.getActiveSession()
+    session = existing or local_session(app_name, cores=cores)
+    try:
+        yield session
+    finally:
+        if existing is None:
+            session.stop()
