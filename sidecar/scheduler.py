@@ -4,7 +4,8 @@ One :class:`Scheduler` per sidecar. :meth:`Scheduler.submit_batch` runs in the
 gRPC handler: it validates, de-duplicates and admits or refuses each request
 and returns one :class:`Ack` per request at once; it never waits for generation.
 
-Admission, in order (first refusal wins; none of them does engine work):
+Admission, in order (first refusal wins; none of them does engine work; steps 2-5 are
+:class:`~sidecar.load_control.LoadControl`):
 
 1. static checks and the tokenized prompt (``rejected``);
 2. the request's pool is full (``shed``/``queue_full``);
@@ -45,6 +46,7 @@ from sidecar.config import SchedulerConfig
 from sidecar.engine import Engine, EngineRequest, EngineStats
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
+from sidecar.load_control import LoadControl
 from sidecar.pools import Pool, WeightedPicker
 from sidecar.request_state import (
     STATUSES,
@@ -148,6 +150,8 @@ class Scheduler:
         self.picker = WeightedPicker({p: pool.config.weight for p, pool in self.pools.items()})
         self.estimator = ServiceRateEstimator()
         self._in_flight_total = 0
+        self.load = LoadControl(config, self.pools, self.estimator,
+                                in_flight=lambda: self._in_flight_total)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._queue_timers: dict[str, asyncio.TimerHandle] = {}
         self._seen: collections.OrderedDict[str, Ack] = collections.OrderedDict()
@@ -213,7 +217,7 @@ class Scheduler:
                 req = requests[i]
                 req.prompt_token_ids = ids
                 refusal = (check_prompt_tokens(req, self.config, max_model_len=max_len)
-                           or self._check_load(req))
+                           or self.load.check(req))
                 acks[i] = self._refuse(req, refusal) if refusal else self._enqueue(req)
         # A replay repeats the first copy's decision (made above if it was in this batch).
         for i in repeats_in_batch:
@@ -253,83 +257,13 @@ class Scheduler:
             req.error = why
             task.cancel()
 
-    # ------------------------------------------------------------------ load checks
-
-    def _total_queued(self) -> int:
-        return sum(pool.queued for pool in self.pools.values())
-
-    def _total_tokens_in_flight(self) -> int:
-        return sum(pool.tokens_in_flight for pool in self.pools.values())
-
-    def _share(self, priority: Priority) -> float:
-        """The pool's share of dispatches among the pools that have work."""
-        busy = [p for p, pool in self.pools.items() if pool.queued or pool.in_flight]
-        weights = {p: self.pools[p].config.weight for p in set(busy) | {priority}}
-        return weights[priority] / sum(weights.values())
-
-    def _estimate_wait_s(self, req: SidecarRequest) -> float:
-        assert req.priority is not None
-        pool = self.pools[req.priority]
-        slot_free = (self._in_flight_total < self.config.max_in_flight
-                     and pool.has_room_for(req))
-        slots = min(pool.config.max_in_flight, self.config.max_in_flight)
-        return self.estimator.queue_wait_s(
-            req.priority, ahead=pool.queued, slot_free=slot_free, share=self._share(req.priority),
-            slots=slots, service_s=self.estimator.service_s(req.priority,
-                                                            max_tokens=req.max_tokens))
-
-    def _over_watermark(self, priority: Priority) -> str | None:
-        """Why ``priority`` is being shed right now, or ``None``."""
-        marks = self.config.load_shedding
-        name = str(priority)
-        depth = marks.queue_depth.get(name)
-        if depth is not None and self._total_queued() >= depth:
-            return f"{self._total_queued()} requests queued (watermark for {name}: {depth})"
-        tokens = marks.tokens_in_flight.get(name)
-        if tokens is not None and self._total_tokens_in_flight() >= tokens:
-            return (f"{self._total_tokens_in_flight()} tokens in the engine "
-                    f"(watermark for {name}: {tokens})")
-        return None
-
-    def _check_load(self, req: SidecarRequest) -> Refusal | None:
-        """Admission against pool limits, watermarks, queue delay and the deadline."""
-        assert req.priority is not None
-        pool = self.pools[req.priority]
-        if pool.queued >= pool.config.max_queued:
-            return Refusal(RefusalReason.QUEUE_FULL,
-                           f"{pool.queued} requests already queued in pool {req.priority} "
-                           f"(max_queued {pool.config.max_queued})")
-        if req.priority is not Priority.HIGH and (why := self._over_watermark(req.priority)):
-            return Refusal(RefusalReason.OVERLOADED, f"load shedding: {why}")
-        wait_s = self._estimate_wait_s(req)
-        if wait_s * 1000.0 > pool.config.max_queue_delay_ms:
-            return Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
-                           f"estimated queue wait {wait_s * 1000:.0f} ms exceeds pool "
-                           f"{req.priority}'s max_queue_delay_ms {pool.config.max_queue_delay_ms}")
-        if self.config.deadline_admission and self.estimator.warm:
-            service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens)
-            done_ms = now_ms() + self.config.deadline_slack * (wait_s + service_s) * 1000.0
-            if done_ms > req.deadline_ts:
-                return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
-                               f"estimated completion in {done_ms - now_ms():.0f} ms (wait "
-                               f"{wait_s * 1000:.0f} ms + service {service_s * 1000:.0f} ms) is "
-                               f"after the deadline, {req.deadline_ts - now_ms()} ms away")
-        return None
-
     def _shed_over_watermarks(self) -> None:
-        """Shed queued ``low`` (then ``normal``) requests, newest first, while the total
-        queue depth is over their watermark."""
-        for priority in (Priority.LOW, Priority.NORMAL):
-            mark = self.config.load_shedding.queue_depth.get(str(priority))
-            if mark is None:
-                continue
-            pool = self.pools[priority]
-            while self._total_queued() > mark and (victim := pool.newest_queued()):
-                pool.queue.pop()
-                self._leave_queue(victim)
-                self._shed(victim, Refusal(RefusalReason.OVERLOADED,
-                                           f"load shedding: queue depth over the {priority} "
-                                           f"watermark ({mark}) after admission"))
+        """Shed the queued requests :meth:`LoadControl.watermark_victims` picks."""
+        for victim, refusal in self.load.watermark_victims():
+            assert victim.priority is not None
+            self.pools[victim.priority].queue.pop()
+            self._leave_queue(victim)
+            self._shed(victim, refusal)
 
     # ------------------------------------------------------------------ admission
 
@@ -431,7 +365,7 @@ class Scheduler:
                 pool = self.pools[req.priority]
                 pool.queue.popleft()
                 self._leave_queue(req)
-                if refusal := self._infeasible_now(req):
+                if refusal := self.load.infeasible_now(req):
                     self._shed(req, refusal)
                     continue
                 pool.started(req)
@@ -442,19 +376,6 @@ class Scheduler:
                 self._tasks[req.request_id] = asyncio.create_task(
                     self._serve(req), name=f"serve-{req.request_id}")
             self._update_idle()
-
-    def _infeasible_now(self, req: SidecarRequest) -> Refusal | None:
-        """At the head of the queue: shed instead of starting work that cannot finish."""
-        if not (self.config.deadline_admission and self.estimator.warm):
-            return None
-        assert req.priority is not None
-        service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens)
-        left_ms = req.deadline_ts - now_ms()
-        if self.config.deadline_slack * service_s * 1000.0 > left_ms:
-            return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
-                           f"after queueing, {left_ms} ms left is less than the estimated "
-                           f"service time {service_s * 1000:.0f} ms")
-        return None
 
     async def _serve(self, req: SidecarRequest) -> None:
         assert req.priority is not None
@@ -547,7 +468,7 @@ class Scheduler:
         self._update_idle()
 
     def _update_idle(self) -> None:
-        if not self._total_queued() and not self._in_flight_total:
+        if not self.load.total_queued() and not self._in_flight_total:
             self._idle.set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -561,7 +482,7 @@ class Scheduler:
                 await self._idle.wait()
         except TimeoutError:
             logger.warning("Drain timed out after %.1fs; aborting %d running and %d queued.",
-                           timeout_s, len(self._tasks), self._total_queued())
+                           timeout_s, len(self._tasks), self.load.total_queued())
         await self.abort_all()
 
     async def abort_all(self) -> None:
@@ -596,7 +517,7 @@ class Scheduler:
             max_in_flight=cfg.max_in_flight,
             max_tokens_in_flight=cfg.max_tokens_in_flight,
             max_queue_delay_ms=cfg.max_queue_delay_ms,
-            estimated_queue_wait_s=self._estimate_wait_s(probe),
+            estimated_queue_wait_s=self.load.estimate_wait_s(probe),
             ttft_s=self.estimator.ttft_s(pool.priority),
             tpot_s=self.estimator.tpot_s(pool.priority),
             shed_by_reason=dict(pool.shed_by_reason),
