@@ -31,6 +31,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import yaml
 
+from sidecar.config import as_dataclass
+
 logger = logging.getLogger(__name__)
 
 ArrivalKind = Literal["poisson", "bursty"]
@@ -296,17 +298,6 @@ class ArrivalProcess:
         return np.sort(times)
 
 
-def _as_dataclass(cls: type, value: Any, where: str) -> Any:
-    """Accept an instance of ``cls`` or a mapping of its fields; unknown keys are errors."""
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a mapping, got {type(value).__name__}")
-    if extra := set(value) - {f.name for f in dataclasses.fields(cls)}:
-        raise ValueError(f"unknown keys in {where}: {sorted(extra)}")
-    return cls(**value)
-
-
 def _default_input_tokens() -> LengthDistribution:
     return LengthDistribution(p50=300, p90=700, p99=1500, long_share=0.0, cap=3000)
 
@@ -357,9 +348,9 @@ class TrafficProfile:
     """Fixed instruction block that starts every prompt (prefix-cache friendly)."""
 
     def __post_init__(self) -> None:
-        self.arrivals = _as_dataclass(ArrivalProcess, self.arrivals, "arrivals")
-        self.input_tokens = _as_dataclass(LengthDistribution, self.input_tokens, "input_tokens")
-        self.output_tokens = _as_dataclass(LengthDistribution, self.output_tokens,
+        self.arrivals = as_dataclass(ArrivalProcess, self.arrivals, "arrivals")
+        self.input_tokens = as_dataclass(LengthDistribution, self.input_tokens, "input_tokens")
+        self.output_tokens = as_dataclass(LengthDistribution, self.output_tokens,
                                            "output_tokens")
         mix = dict(self.priority_mix or {})
         if unknown := set(mix) - set(PRIORITY_NAMES):
@@ -394,7 +385,7 @@ class TrafficProfile:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "TrafficProfile":
         """Build from a nested mapping (as read from YAML); unknown keys are errors."""
-        return _as_dataclass(cls, dict(data or {}), "traffic profile")
+        return as_dataclass(cls, dict(data or {}), "traffic profile")
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "TrafficProfile":

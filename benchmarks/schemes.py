@@ -24,16 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.loadgen import send_on_schedule
 from benchmarks.profiles import GeneratedRequest, TrafficProfile
 from benchmarks.replay import EVENT_SCHEMA, EventReplayer
 from sidecar.client import SidecarClient
-from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.result_reader import read_results
 
 logger = logging.getLogger(__name__)
 
 SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
-_PRIORITY = {"high": pb.PRIORITY_HIGH, "normal": pb.PRIORITY_NORMAL, "low": pb.PRIORITY_LOW}
 
 
 @dataclass
@@ -146,44 +145,24 @@ def archive_results(results_dir: Path, archive: Path) -> None:
 def run_engine(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> dict:
     """Drive the sidecar directly with the generated requests, on schedule."""
     sampler = Sampler(f"engine @{rate:g}/s")
-    start_ms = time.time_ns() // 1_000_000
-    start = time.monotonic()
-    ids = []
-    pending = sorted(requests, key=lambda r: r.arrival_s)
-    i = 0
-    while i < len(pending) or time.monotonic() - start < ctx.duration_s:
-        elapsed = time.monotonic() - start
-        batch = []
-        while i < len(pending) and pending[i].arrival_s <= elapsed:
-            r = pending[i]
-            at = start_ms + int(r.arrival_s * 1000)
-            rid = f"eng-{rate}-{r.index}"
-            ids.append(rid)
-            batch.append(pb.InferenceRequest(
-                request_id=rid, trace_id=rid, priority=_PRIORITY[r.priority], enqueue_ts=at,
-                deadline_ts=at + r.sla_ms, prompt=r.prompt, max_tokens=r.max_tokens))
-            i += 1
-        if batch:
-            ctx.client.submit(batch)
-        if int(elapsed) != int(elapsed - 0.05):
-            sampler.sample(ctx.client, i, len(read_results(ctx.results_dir)))
-        if i >= len(pending) and elapsed >= ctx.duration_s:
-            break
-        time.sleep(0.05)
-    max_sla_s = max(ctx.profile.sla_ms.values()) / 1000
-    deadline = time.monotonic() + max_sla_s + 10
-    want = set(ids)
+    run = send_on_schedule(
+        ctx.client, requests, id_prefix=f"eng-{rate}", duration_s=ctx.duration_s,
+        sample_every_s=1.0,
+        on_sample=lambda _, sent: sampler.sample(ctx.client, sent,
+                                                 len(read_results(ctx.results_dir))))
+    deadline = time.monotonic() + max(ctx.profile.sla_ms.values()) / 1000 + 10
+    want = {s.request_id for s in run.sent}
     while True:
         rows = {r["request_id"]: r for r in read_results(ctx.results_dir)
                 if r["request_id"] in want}
-        sampler.sample(ctx.client, len(ids), len(rows))
+        sampler.sample(ctx.client, len(want), len(rows))
         if len(rows) == len(want) or time.monotonic() > deadline:
             break
         time.sleep(1.0)
     answers = [Answer(r["priority"], r["finish_ts"] - r["enqueue_ts"],
                       r["status"] == "ok" and r["finish_ts"] <= r["deadline_ts"],
                       r["status"] == "ok", r["finish_ts"]) for r in rows.values()]
-    return summarize("engine", rate, len(ids), answers, start_ms, ctx, sampler, [])
+    return summarize("engine", rate, len(want), answers, run.start_ms, ctx, sampler, [])
 
 
 # --------------------------------------------------------------------------- spark schemes

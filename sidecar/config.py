@@ -186,15 +186,15 @@ class SchedulerConfig:
             raise ValueError(f"unknown pools {sorted(unknown)}; pools are {PRIORITY_NAMES}")
         defaults = _default_pools()
         self.pools = {
-            name: _as_dataclass(PoolConfig, self.pools.get(name, {}),
+            name: as_dataclass(PoolConfig, self.pools.get(name, {}),
                                 f"scheduler.pools.{name}", base=defaults[name])
             for name in PRIORITY_NAMES
         }
-        self.load_shedding = _as_dataclass(LoadSheddingConfig, self.load_shedding,
+        self.load_shedding = as_dataclass(LoadSheddingConfig, self.load_shedding,
                                            "scheduler.load_shedding")
 
 
-def _as_dataclass(cls: type, value: Any, where: str, base: Any = None) -> Any:
+def as_dataclass(cls: type, value: Any, where: str, base: Any = None) -> Any:
     """Accept an instance of ``cls`` or a mapping of its fields (from YAML); fields
     missing from the mapping come from ``base`` (else the class defaults)."""
     if isinstance(value, cls):

@@ -82,7 +82,7 @@ class ServiceRateEstimator:
         now = self.clock()
         if self._first_event is None:
             self._first_event = now
-        self._pools[priority].dispatches.append(now)
+        self._record(self._pools[priority].dispatches, now)
 
     def observe_finish(self, priority: Priority, *, ttft_s: float | None, tpot_s: float | None,
                        output_tokens: int, max_tokens: int) -> None:
@@ -96,16 +96,26 @@ class ServiceRateEstimator:
             self._all_tpot.update(tpot_s)
         if max_tokens > 0 and output_tokens > 0:
             pool.output_ratio.update(min(1.0, output_tokens / max_tokens))
-        self._finishes.append(self.clock())
+        self._record(self._finishes, self.clock())
 
     # -------------------------------------------------------------- estimates
+
+    @staticmethod
+    def _trim(events: collections.deque[float], now: float) -> None:
+        cutoff = now - _WINDOW_S
+        while events and events[0] < cutoff:
+            events.popleft()
+
+    def _record(self, events: collections.deque[float], now: float) -> None:
+        """Append one event; the window is trimmed here too, so memory stays bounded
+        when no estimate is asked for (light load never needs one)."""
+        events.append(now)
+        self._trim(events, now)
 
     def _rate(self, events: collections.deque[float]) -> float:
         """Events per second over the window (or since the first event, if shorter)."""
         now = self.clock()
-        cutoff = now - _WINDOW_S
-        while events and events[0] < cutoff:
-            events.popleft()
+        self._trim(events, now)
         if self._first_event is None:
             return 0.0
         span = min(_WINDOW_S, max(now - self._first_event, 1.0))

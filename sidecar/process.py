@@ -62,6 +62,7 @@ class SidecarProcess:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.__exit__(None, None, None)
                 raise RuntimeError(f"Server exited unexpectedly. Log: {self.tail_log()}")
             if self.client.is_serving():
                 return self

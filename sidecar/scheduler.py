@@ -460,6 +460,7 @@ class Scheduler:
                 pool.met_deadline += 1
         if req.output_tokens:
             self._token_events.append((time.monotonic(), req.output_tokens))
+            self._trim_token_events()  # bounded even when nobody reads the stats
         if self.log_requests:
             logger.info("Finished request %s: %s.", req.request_id, record.status)
         self._emit(record)
@@ -525,10 +526,14 @@ class Scheduler:
             met_deadline=pool.met_deadline,
         )
 
-    def stats(self) -> SchedulerStats:
+    def _trim_token_events(self) -> None:
+        """Keep only requests finished in the last ``_TOKEN_RATE_WINDOW_S`` seconds."""
         cutoff = time.monotonic() - _TOKEN_RATE_WINDOW_S
         while self._token_events and self._token_events[0][0] < cutoff:
             self._token_events.popleft()
+
+    def stats(self) -> SchedulerStats:
+        self._trim_token_events()
         tokens = sum(n for _, n in self._token_events)
         return SchedulerStats(
             queued={p: pool.queued for p, pool in self.pools.items()},

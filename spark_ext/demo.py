@@ -8,14 +8,11 @@ prints a summary. Both processes are shut down cleanly, also on Ctrl-C.
 
 from __future__ import annotations
 
-import itertools
 import contextlib
+import itertools
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -131,8 +128,8 @@ def run_demo(opts: DemoOptions) -> dict:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from google.protobuf.json_format import MessageToDict
 
-    from sidecar.client import SidecarClient
     from sidecar.model_prep import prepare_default_model
+    from sidecar.process import SidecarProcess
     from spark_ext.config import PipelineConfig
 
     out = Path(opts.out).resolve()
@@ -144,37 +141,23 @@ def run_demo(opts: DemoOptions) -> dict:
     if opts.engine == "vllm":
         print(f"Model: {prepare_default_model()}", flush=True)
 
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    target = f"127.0.0.1:{port}"
-    sidecar_log = open(out / "sidecar.log", "wb")
-    sidecar = subprocess.Popen(
-        [sys.executable, "-m", "sidecar.cli", "sidecar", "--listen", target, "--results-dir",
-         str(out / "results"), "--engine", opts.engine, "--sidecar-id", "demo-sidecar",
-         "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8"],
-        stdout=sidecar_log, stderr=subprocess.STDOUT, start_new_session=True)
-    client = SidecarClient(target)
-    pipeline = None
-    spark_scope = contextlib.ExitStack()
+    stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar
     try:
-        print(f"Starting sidecar ({opts.engine}) on {target}; log: {out / 'sidecar.log'}",
-              flush=True)
-        deadline = time.monotonic() + 300
-        while not client.is_serving():
-            if sidecar.poll() is not None:
-                raise RuntimeError(f"sidecar exited with {sidecar.returncode}; see sidecar.log")
-            if time.monotonic() > deadline:
-                raise TimeoutError("sidecar did not start in 300 s")
-            time.sleep(0.5)
+        print(f"Starting sidecar ({opts.engine}); log: {out / 'sidecar.log'}", flush=True)
+        sidecar = stack.enter_context(SidecarProcess(
+            out / "results", ["--engine", opts.engine, "--sidecar-id", "demo-sidecar",
+                              "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8"],
+            log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60))
+        client = sidecar.client
+        assert client is not None
+        target = sidecar.target
+        print(f"Sidecar serving on {target}", flush=True)
 
         from spark_ext.pipeline import StsPipeline
         from spark_ext.session import session_scope
 
         print("Starting Spark (local[2]) ...", flush=True)
-        spark = spark_scope.enter_context(session_scope("sts-demo"))
+        spark = stack.enter_context(session_scope("sts-demo"))
         high, normal, low = opts.sla_ms
         config = PipelineConfig.from_dict({
             "source": {"path": str(out / "events")},
@@ -185,6 +168,7 @@ def run_demo(opts: DemoOptions) -> dict:
                        "acks_dir": str(out / "acks"), "trigger_s": 1.0},
         })
         pipeline = StsPipeline(spark, config)
+        stack.callback(pipeline.stop)
         replayer = EventReplayer(out / "events", opts.rate, opts.duration, load_samples())
         pipeline.start()
         start = time.monotonic()
@@ -229,17 +213,7 @@ def run_demo(opts: DemoOptions) -> dict:
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         return summary
     finally:
-        if pipeline is not None:
-            pipeline.stop()
-        spark_scope.close()  # stops Spark only if the demo started it
-        client.close()
-        if sidecar.poll() is None:
-            sidecar.send_signal(signal.SIGTERM)
-            try:
-                sidecar.wait(60)
-            except subprocess.TimeoutExpired:
-                sidecar.kill()
-        sidecar_log.close()
+        stack.close()  # Spark is stopped only if the demo started it
 
 
 def print_summary(summary: dict) -> None:

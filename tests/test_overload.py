@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.loadgen import LoadProfile, collect, report, send_load
+from benchmarks.loadgen import collect, report, send_load
+from benchmarks.profiles import TrafficProfile
 from tests.utils import RemoteSidecar, free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,10 +31,14 @@ SCHEDULER = ["--max-in-flight", "16",
              "--set", "scheduler.pools.normal.max_in_flight=10",
              "--set", "scheduler.pools.low.max_in_flight=6",
              "--set", 'scheduler.load_shedding.queue_depth={"low": 150, "normal": 600}']
-OVERLOAD = LoadProfile(rate_per_s=250.0, duration_s=12.0,
-                       priority_mix={"high": 0.05, "normal": 0.25, "low": 0.70},
-                       sla_ms={"high": 4000, "normal": 6000, "low": 10_000},
-                       max_tokens_median=48, max_tokens_sigma=0.8, max_tokens_cap=256, seed=11)
+# Output lengths: long-tailed log-normal fitted to P50 48 / P90 134 / P99 256 (cap 256).
+OVERLOAD = TrafficProfile.from_dict({
+    "name": "overload-10x", "arrivals": {"kind": "poisson", "rate_per_s": 250.0},
+    "input_tokens": {"p50": 30, "p90": 45, "p99": 70, "long_share": 0.0},
+    "output_tokens": {"p50": 48, "p90": 134, "p99": 256, "long_share": 0.0, "cap": 256},
+    "priority_mix": {"high": 0.05, "normal": 0.25, "low": 0.70},
+    "sla_ms": {"high": 5000, "normal": 6000, "low": 10_000}})
+DURATION_S = 12.0
 
 
 def _rss_mb(pid: int) -> float:
@@ -59,7 +64,7 @@ def sim_sidecar(tmp_path_factory: pytest.TempPathFactory):
 def overload_outcome(sim_sidecar: RemoteSidecar) -> dict:
     assert sim_sidecar.proc is not None
     rss_before = _rss_mb(sim_sidecar.proc.pid)
-    run = send_load(sim_sidecar.client, OVERLOAD, id_prefix="ovl", sample_every_s=0.5)
+    run = send_load(sim_sidecar.client, OVERLOAD, DURATION_S, seed=11, id_prefix="ovl")
     rss_after_load = _rss_mb(sim_sidecar.proc.pid)
     results = collect(run, sim_sidecar.results_dir, timeout_s=60)
     outcome = report(run, results)

@@ -215,3 +215,39 @@ def test_pool_config_is_validated() -> None:
     # A partial pool keeps that pool's defaults, not the generic ones.
     assert SchedulerConfig(pools={"low": {"max_queued": 7}}).pools["low"].weight == 1
     assert SchedulerConfig(pools={"high": {"max_queued": 7}}).pools["high"].weight == 8
+
+
+def test_estimator_memory_stays_bounded_without_estimates() -> None:
+    """Light load never asks for an estimate; the event windows must still be trimmed."""
+    now = [0.0]
+    est = ServiceRateEstimator(clock=lambda: now[0])
+    for i in range(20_000):
+        now[0] = i * 0.01  # 100 requests/s for 200 s
+        est.observe_dispatch(LOW)
+        est.observe_finish(LOW, ttft_s=0.1, tpot_s=0.01, output_tokens=5, max_tokens=10)
+    assert len(est._finishes) <= 1001 and len(est._pools[LOW].dispatches) <= 1001
+    assert est.completions_per_s() == pytest.approx(100, rel=0.01)
+
+
+def test_cancelled_blocking_call_aborts_its_request_exactly_once() -> None:
+    """Generate() whose caller goes away: running and queued requests are both aborted,
+    each with one terminal result, and the engine slot is freed for the next request."""
+
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        running = asyncio.create_task(s.generate(_req("gen-run", max_tokens=2000)))
+        queued = asyncio.create_task(s.generate(_req("gen-queued", max_tokens=2000)))
+        await _until(lambda: s.stats().in_flight[NORMAL] == 1 and s.stats().queued[NORMAL] == 1)
+        running.cancel()
+        queued.cancel()
+        await asyncio.gather(running, queued, return_exceptions=True)
+        await _until(lambda: len(results) == 2)
+        after = await s.generate(_req("gen-after", max_tokens=3))
+        assert after.status == "ok"
+
+    results = asyncio.run(_with_scheduler(_fast_engine(max_num_seqs=1),
+                                          _config(max_in_flight=1), body))
+    by_id = collections.Counter(r.request_id for r in results)
+    assert by_id == {"gen-run": 1, "gen-queued": 1, "gen-after": 1}
+    aborted = [r for r in results if r.request_id != "gen-after"]
+    assert {(r.status, r.finish_reason) for r in aborted} == {("error", "abort")}
+    assert all(r.error == "caller cancelled the blocking call" for r in aborted)

@@ -9,16 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.loadgen import LoadProfile, collect, report, send_load
+from benchmarks.loadgen import collect, report, send_load
+from benchmarks.profiles import TrafficProfile
 from tests.conftest import CONF
 from tests.utils import RemoteSidecar
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-PROFILE = LoadProfile(rate_per_s=120.0, duration_s=6.0,
-                      priority_mix={"high": 0.1, "normal": 0.3, "low": 0.6},
-                      sla_ms={"high": 2000, "normal": 3000, "low": 5000},
-                      max_tokens_median=48, max_tokens_cap=192, seed=3)
+# Output lengths: long-tailed log-normal fitted to P50 48 / P90 120 / P99 192 (cap 192).
+PROFILE = TrafficProfile.from_dict({
+    "name": "vllm-overload", "arrivals": {"kind": "poisson", "rate_per_s": 120.0},
+    "input_tokens": {"p50": 30, "p90": 45, "p99": 70, "long_share": 0.0},
+    "output_tokens": {"p50": 48, "p90": 120, "p99": 192, "long_share": 0.0, "cap": 192},
+    "priority_mix": {"high": 0.1, "normal": 0.3, "low": 0.6},
+    "sla_ms": {"high": 2000, "normal": 3000, "low": 5000}})
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +34,10 @@ def vllm_overload(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
             "--set", "scheduler.pools.low.max_in_flight=2"]
     with RemoteSidecar(results_dir, args) as sidecar:
         # Warm-up at a rate the engine sustains, so the estimator has seen real service times.
-        warm = send_load(sidecar.client, LoadProfile(rate_per_s=4, duration_s=2, seed=1),
+        warm = send_load(sidecar.client, PROFILE.with_rate(4.0), 2.0, seed=1,
                          id_prefix="warm")
         collect(warm, results_dir, timeout_s=60)
-        run = send_load(sidecar.client, PROFILE, id_prefix="vovl")
+        run = send_load(sidecar.client, PROFILE, 6.0, seed=3, id_prefix="vovl")
         outcome = report(run, collect(run, results_dir, timeout_s=90))
         outcome["stats"] = sidecar.client.stats()
     print({k: v for k, v in outcome.items() if k != "stats"})
