@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sidecar.client import SidecarClient, request_to_proto
+from sidecar.contract import Status, now_ms
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from spark_ext.config import PipelineConfig
 from spark_ext.sink import DeltaSink
@@ -96,8 +97,8 @@ class BlockingForeachBatch:
 
     def _record(self, row: dict, result: pb.Result | None) -> BaselineAnswer:
         answer = BaselineAnswer(row["request_id"], row["priority"], row["enqueue_ts"],
-                                row["deadline_ts"], time.time_ns() // 1_000_000,
-                                result is not None and result.status == pb.STATUS_OK)
+                                row["deadline_ts"], now_ms(),
+                                result is not None and result.status == Status.OK.wire)
         with self.state.lock:
             self.state.answers.append(answer)
         return answer

@@ -15,13 +15,17 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.profiles import TrafficProfile, generate, load_profile
-from benchmarks.schemes import SCHEMES, RunContext, run_scheme
+from benchmarks.cli_args import SCHEMES
+from benchmarks.generate import generate
+from benchmarks.profiles import TrafficProfile, load_profile
+from benchmarks.schemes import RunContext, run_scheme
+from sidecar.contract import write_text_atomically
 
 #: Knee: the first rate where P99 exceeds this multiple of the baseline rate's P99,
 #: or where the share of requests answered falls below ``KNEE_THROUGHPUT`` times the
@@ -143,15 +147,13 @@ def run_bench(opts: BenchOptions) -> dict:
     """Run the benchmark; return (and write) the result document."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from benchmarks.plots import plot_bench
-    from sidecar.process import SidecarProcess
+    from sts_harness.process import SidecarProcess
 
     profile = load_profile(opts.profile)
     out = Path(opts.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
     if work.exists():
-        import shutil
-
         shutil.rmtree(work)
     schemes = ["engine"] if opts.knee else list(opts.schemes)
     rates = _rates(opts, profile)
@@ -159,7 +161,7 @@ def run_bench(opts: BenchOptions) -> dict:
                  "profile": profile.name, "engine": opts.engine, "machine": _machine(),
                  "simulation": opts.engine == "simulated", "runs": []}
     if opts.engine == "vllm" and not opts.model:
-        from sidecar.model_prep import prepare_default_model
+        from sidecar import prepare_default_model
 
         prepare_default_model()
     spark = None
@@ -187,34 +189,14 @@ def run_bench(opts: BenchOptions) -> dict:
                 result["wall_s"] = round(time.monotonic() - started, 1)
                 doc["runs"].append(result)
                 print(_row(result), flush=True)
-                (out / "bench.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+                write_text_atomically(out / "bench.json", json.dumps(doc, indent=1))
     if opts.knee:
         doc["knee"] = find_knee([r for r in doc["runs"] if r["scheme"] == "engine"])
         print(f"knee (safe water level): {doc['knee']}", flush=True)
     doc["plots"] = [str(p) for p in plot_bench(doc, profile, out)]
-    (out / "bench.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    write_text_atomically(out / "bench.json", json.dumps(doc, indent=1))
     print(f"wrote {out / 'bench.json'} and {len(doc['plots'])} plots", flush=True)
     return doc
-
-
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of ``sts bench``."""
-    p.add_argument("--profile", default="cpu-small", help="conf/profiles/<name>.yaml or a path")
-    p.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
-    p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
-    p.add_argument("--rates", help="comma-separated offered events/s (default: profile x 0.5..4)")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds per run")
-    p.add_argument("--schemes", default=",".join(SCHEMES),
-                   help=f"comma-separated subset of {','.join(SCHEMES)}")
-    p.add_argument("--trigger", type=float, default=1.0, help="micro-batch trigger, seconds")
-    p.add_argument("--out", default="./sts-bench", help="output folder (bench.json, *.png)")
-    p.add_argument("--knee", action="store_true",
-                   help="sidecar alone over a finer ladder; report the P99 knee")
-    p.add_argument("--sidecar-config", help="sidecar YAML (default conf/sidecar.yaml)")
-    p.add_argument("--sidecar-arg", action="append", default=[], dest="sidecar_args",
-                   help="extra `sts sidecar` argument (repeat), e.g. --sidecar-arg=--set "
-                        "--sidecar-arg=engine.simulated.replicas=8")
-    p.add_argument("--seed", type=int, default=0)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:

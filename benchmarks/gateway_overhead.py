@@ -7,7 +7,8 @@ watermark and deadline check out of the way. What is left is the gateway's own
 work: gRPC, admission, queueing, dispatch, the per-request engine task and the
 Parquet result channel.
 
-Two measurements:
+Two measurements (:mod:`benchmarks.gateway_load`; the sidecar under test is set up by
+:mod:`benchmarks.gateway_sidecar`):
 
 * **Throughput**, per batch size: ``threads`` client threads (in this process,
   pinned to the other cores when there are any) each submit batches back to
@@ -31,63 +32,33 @@ Example:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
-import math
 import os
-import platform
-import random
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
-import pyarrow.parquet as pq
 
-from sidecar.client import SidecarClient
-from sidecar.pb.sts.v1 import inference_pb2 as pb
-from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
-from sidecar.process import SidecarProcess
-from sidecar.result_reader import wait_for_results
-
-logger = logging.getLogger(__name__)
+from benchmarks.cpu_accounting import machine_info, pin_threads
+from benchmarks.gateway_load import PROMPT, added_latency, make_stub, throughput
+from benchmarks.gateway_sidecar import (
+    DEADLINE_MS,
+    MAX_IN_FLIGHT,
+    SIDECAR_SETTINGS,
+    BenchmarkError,
+    pinned_sidecar,
+)
+from sidecar.contract import write_text_atomically
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gateway_overhead.json"
 DEFAULT_BATCH_SIZES = (1, 8, 64, 256)
 
-_PROMPT = "Say hello."
-_DEADLINE_MS = 3_600_000
-_BIG = 1 << 40
 _WARMUP_S = 0.5
-
-#: ``--set`` overrides that make the engine absorb work at once and take every
-#: admission limit out of the way (recorded in the JSON result).
-SIDECAR_SETTINGS: dict[str, Any] = {
-    "engine.simulated.max_num_seqs": 1_000_000,
-    "engine.simulated.step_base_ms": 0.01,
-    "engine.simulated.step_per_seq_ms": 0.0,
-    "engine.simulated.prefill_tokens_per_s": 1e12,
-    "engine.simulated.kv_capacity_tokens": _BIG,
-    "scheduler.deadline_admission": False,
-    "scheduler.load_shedding.queue_depth": {"low": 1_000_000_000, "normal": 1_000_000_000},
-    "scheduler.load_shedding.tokens_in_flight": {"low": _BIG, "normal": _BIG},
-    **{f"scheduler.pools.{p}.{k}": v for p in ("high", "normal", "low") for k, v in (
-        ("max_queued", 100_000_000), ("max_in_flight", 1_000_000),
-        ("max_queue_delay_ms", _DEADLINE_MS), ("max_tokens_in_flight", _BIG))},
-}
-_MAX_IN_FLIGHT = 1_000_000
-
-
-class BenchmarkError(RuntimeError):
-    """The benchmark could not run (sidecar failed to start, died or refused work)."""
 
 
 def _log(msg: str, *args: object) -> None:
@@ -95,323 +66,9 @@ def _log(msg: str, *args: object) -> None:
     print(f"[gateway_overhead] {msg % args if args else msg}", file=sys.stderr, flush=True)
 
 
-def _now_ms() -> int:
-    """Wall clock in epoch milliseconds, floored like the sidecar's ``now_ms``."""
-    return time.time_ns() // 1_000_000
-
-
 def _or_nan(x: float | None) -> float:
     """``x``, or NaN for a missing figure (progress lines only)."""
     return float("nan") if x is None else x
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..1); ``None`` for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def _summary(values: list[float], digits: int = 3) -> dict[str, float | None]:
-    """Mean, p50, p99 and max of ``values``, rounded."""
-    def r(x: float | None) -> float | None:
-        return None if x is None else round(x, digits)
-    return {"mean": r(sum(values) / len(values) if values else None),
-            "p50": r(_percentile(values, 0.5)), "p99": r(_percentile(values, 0.99)),
-            "max": r(max(values) if values else None)}
-
-
-def _pin_threads(cores: set[int]) -> None:
-    """Set the CPU affinity of every thread of this process (Linux: per thread)."""
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cores)
-        except OSError:  # the thread ended meanwhile
-            pass
-
-
-def _process_cpu_s(pid: int) -> float | None:
-    """User plus system CPU seconds of process ``pid`` (all threads), from /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU count, usable cores, platform and versions (goes into the JSON result)."""
-    model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_count": os.cpu_count(),
-        "usable_cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else None,
-        "cpu_model": model,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "grpc": grpc.__version__,
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-
-
-def _sidecar_args(workdir: Path) -> list[str]:
-    """Flags of the child ``sts sidecar`` (``--listen`` and ``--results-dir`` come from
-    :class:`~sidecar.process.SidecarProcess`). An empty config file keeps the
-    benchmark independent of ``conf/sidecar.yaml``."""
-    config = workdir / "sidecar.yaml"
-    config.write_text("# gateway_overhead: built-in defaults plus --set overrides\n")
-    args = ["--config", str(config), "--engine", "simulated",
-            "--max-in-flight", str(_MAX_IN_FLIGHT), "--sidecar-id", "gateway-bench",
-            "--drain-timeout", "5"]
-    for key, value in SIDECAR_SETTINGS.items():
-        args += ["--set", f"{key}={json.dumps(value)}"]
-    return args
-
-
-@contextlib.contextmanager
-def pinned_sidecar(workdir: Path, core: int | None) -> Iterator[SidecarProcess]:
-    """The benchmark's sidecar, pinned to ``core``, stopped (SIGTERM, then kill) on exit.
-
-    Raises:
-        BenchmarkError: It exited before serving or did not serve within 120 s.
-    """
-    sidecar = SidecarProcess(workdir / "results", _sidecar_args(workdir),
-                             start_timeout_s=120.0, stop_timeout_s=15.0,
-                             log_path=workdir / "sidecar.log",
-                             cpus={core} if core is not None else None)
-    try:
-        sidecar.__enter__()
-    except BaseException as e:
-        sidecar.__exit__(None, None, None)
-        if isinstance(e, (RuntimeError, TimeoutError)):
-            raise BenchmarkError(f"the sidecar did not start: {e}") from e
-        raise
-    try:
-        yield sidecar
-    finally:
-        sidecar.__exit__(None, None, None)
-
-
-def _sidecar_cpu_s(sidecar: SidecarProcess) -> float | None:
-    """CPU seconds the sidecar process has used so far."""
-    return _process_cpu_s(sidecar.proc.pid) if sidecar.proc is not None else None
-
-
-def _stub(target: str) -> tuple[grpc.Channel, pb_grpc.InferenceStub]:
-    """A channel with its own connection (no subchannel shared with other threads)."""
-    channel = grpc.insecure_channel(target, options=[
-        ("grpc.use_local_subchannel_pool", 1),
-        ("grpc.max_send_message_length", 64 * 1024 * 1024)])
-    return channel, pb_grpc.InferenceStub(channel)
-
-
-def _batch(prefix: str, start: int, size: int) -> pb.SubmitBatchRequest:
-    """``size`` valid requests (max_tokens=1, short prompt, deadline in an hour)."""
-    now = _now_ms()
-    return pb.SubmitBatchRequest(requests=[
-        pb.InferenceRequest(request_id=f"{prefix}-{i}", trace_id=prefix,
-                            priority=pb.PRIORITY_HIGH, enqueue_ts=now,
-                            deadline_ts=now + _DEADLINE_MS, prompt=_PROMPT, max_tokens=1)
-        for i in range(start, start + size)])
-
-
-@dataclass
-class _LoopResult:
-    """What one client thread did in one closed-loop window."""
-
-    rpc_s: list[float] = field(default_factory=list)
-    accepted: int = 0
-    refused: dict[str, int] = field(default_factory=dict)
-    last_done: float = 0.0
-
-
-def _closed_loop(stub: pb_grpc.InferenceStub, prefix: str, batch_size: int, start: float,
-                 end: float) -> _LoopResult:
-    """Submit batches back to back from ``start`` until ``end`` (``perf_counter``)."""
-    out = _LoopResult()
-    time.sleep(max(0.0, start - time.perf_counter()))
-    sent = 0
-    while time.perf_counter() < end:
-        request = _batch(prefix, sent, batch_size)
-        sent += batch_size
-        t0 = time.perf_counter()
-        reply = stub.SubmitBatch(request, timeout=30.0)
-        out.last_done = time.perf_counter()
-        out.rpc_s.append(out.last_done - t0)
-        for ack in reply.acks:
-            if ack.accepted:
-                out.accepted += 1
-            else:
-                name = pb.RefusalReason.Name(ack.reason)
-                out.refused[name] = out.refused.get(name, 0) + 1
-    return out
-
-
-def _backlog(client: SidecarClient) -> tuple[int, int]:
-    """(requests queued or in flight, terminal results so far) from GetStats."""
-    st = client.stats()
-    return (sum(p.queued + p.in_flight for p in st.pools), sum(st.results_by_status.values()))
-
-
-def _wait_idle(client: SidecarClient, timeout_s: float = 120.0) -> float:
-    """Wait until nothing is queued or in flight; return how long that took."""
-    t0 = time.monotonic()
-    while _backlog(client)[0]:
-        if time.monotonic() - t0 > timeout_s:
-            raise BenchmarkError(f"sidecar still busy {timeout_s:.0f} s after the load stopped")
-        time.sleep(0.05)
-    return time.monotonic() - t0
-
-
-def _throughput(sidecar: SidecarProcess, stubs: list[pb_grpc.InferenceStub], batch_size: int,
-                duration_s: float, tag: str, pool: ThreadPoolExecutor,
-                client_cores: int) -> dict[str, Any]:
-    """One closed-loop window at ``batch_size``; the figures of that window."""
-    assert sidecar.client is not None
-    _, results_before = _backlog(sidecar.client)
-    start = time.perf_counter() + 0.05
-    end = start + duration_s
-    futures = [pool.submit(_closed_loop, stub, f"{tag}-t{i}", batch_size, start, end)
-               for i, stub in enumerate(stubs)]
-    time.sleep(max(0.0, start - time.perf_counter()))
-    cpu0, sidecar_cpu0 = time.process_time(), _sidecar_cpu_s(sidecar)
-    loops = [f.result() for f in futures]
-    wall = max(r.last_done for r in loops) - start
-    cpu1, sidecar_cpu1 = time.process_time(), _sidecar_cpu_s(sidecar)
-    backlog_end, results_end = _backlog(sidecar.client)
-    drain_s = _wait_idle(sidecar.client)
-
-    rpc_ms = [s * 1000.0 for r in loops for s in r.rpc_s]
-    accepted = sum(r.accepted for r in loops)
-    refused: dict[str, int] = {}
-    for r in loops:
-        for k, v in r.refused.items():
-            refused[k] = refused.get(k, 0) + v
-    p50, p99 = _percentile(rpc_ms, 0.5), _percentile(rpc_ms, 0.99)
-    sidecar_util = (None if sidecar_cpu0 is None or sidecar_cpu1 is None
-                    else round((sidecar_cpu1 - sidecar_cpu0) / wall, 3))
-    return {
-        "batch_size": batch_size,
-        "wall_s": round(wall, 3),
-        "rpcs": len(rpc_ms),
-        "accepted": accepted,
-        "refused": refused,
-        "submissions_per_s": round(accepted / wall, 1),
-        "rpcs_per_s": round(len(rpc_ms) / wall, 1),
-        "ack_ms_per_rpc": {"p50": round(p50, 3), "p99": round(p99, 3)},
-        "ack_us_per_request": {"p50": round(p50 * 1000 / batch_size, 2),
-                               "p99": round(p99 * 1000 / batch_size, 2)},
-        "completed_per_s": round((results_end - results_before) / wall, 1),
-        "backlog_at_end": backlog_end,
-        "drain_s": round(drain_s, 3),
-        "sidecar_cpu_util": sidecar_util,
-        "client_cpu_util": round((cpu1 - cpu0) / wall / client_cores, 3),
-    }
-
-
-class _FileWatcher(threading.Thread):
-    """Notes when each new result file appears in a directory (polls every ``period_s``)."""
-
-    def __init__(self, directory: Path, period_s: float = 0.001) -> None:
-        super().__init__(name="result-file-watcher", daemon=True)
-        self.directory = directory
-        self.period_s = period_s
-        self.known = set(self._names())
-        self.seen_ms: dict[str, float] = {}
-        self.stopped = threading.Event()
-
-    def _names(self) -> list[str]:
-        try:
-            return [e.name for e in os.scandir(self.directory)
-                    if e.name.endswith(".parquet") and not e.name.startswith(".")]
-        except FileNotFoundError:
-            return []
-
-    def scan(self) -> None:
-        now = time.time() * 1000.0
-        for name in self._names():
-            if name not in self.known and name not in self.seen_ms:
-                self.seen_ms[name] = now
-
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            self.scan()
-            time.sleep(self.period_s)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join()
-        self.scan()
-
-
-def _added_latency(sidecar: SidecarProcess, stub: pb_grpc.InferenceStub, samples: int,
-                   interval_s: float) -> dict[str, Any]:
-    """Single-request submits ``interval_s`` apart; latency figures from the result rows."""
-    watcher = _FileWatcher(sidecar.results_dir)
-    watcher.start()
-    sent: dict[str, tuple[int, float]] = {}  # id -> (send ms floored, send ms float)
-    rtt_ms: list[float] = []
-    try:
-        # Up to 1 ms of jitter on each send, so that the millisecond row timestamps
-        # are not read at one fixed phase of the clock (which would bias their means).
-        jitter = random.Random(0)
-        t0 = time.perf_counter()
-        for i in range(samples):
-            due = t0 + i * interval_s + jitter.uniform(0.0, 0.001)
-            time.sleep(max(0.0, due - time.perf_counter()))
-            request = _batch("lat", i, 1)
-            rid = request.requests[0].request_id
-            wall_ns = time.time_ns()
-            start = time.perf_counter()
-            ack = stub.SubmitBatch(request, timeout=30.0).acks[0]
-            rtt_ms.append((time.perf_counter() - start) * 1000.0)
-            if not ack.accepted:
-                raise BenchmarkError(f"latency request {rid} refused: "
-                                     f"{pb.RefusalReason.Name(ack.reason)} {ack.detail}")
-            sent[rid] = (wall_ns // 1_000_000, wall_ns / 1e6)
-        rows = wait_for_results(sidecar.results_dir, set(sent), timeout_s=30.0)
-    finally:
-        watcher.stop()
-    visible_ms: dict[str, float] = {}
-    for name, seen in watcher.seen_ms.items():
-        ids = pq.read_table(sidecar.results_dir / name, columns=["request_id"])
-        for rid in ids.column("request_id").to_pylist():
-            visible_ms[rid] = seen
-    statuses: dict[str, int] = {}
-    wire, inside, flush, total = [], [], [], []
-    for rid, row in rows.items():
-        statuses[row["status"]] = statuses.get(row["status"], 0) + 1
-        send_floor, send_exact = sent[rid]
-        wire.append(float(row["received_ts"] - send_floor))
-        inside.append(float(row["finish_ts"] - row["received_ts"]))
-        if rid in visible_ms:
-            flush.append(visible_ms[rid] - row["finish_ts"])
-            total.append(visible_ms[rid] - send_exact)
-    return {
-        "samples": samples,
-        "interval_ms": interval_s * 1000.0,
-        "statuses": statuses,
-        "ack_rtt_ms": _summary(rtt_ms),
-        "send_to_received_ms": _summary(wire),
-        "received_to_finish_ms": _summary(inside),
-        "finish_to_visible_ms": _summary(flush),
-        "send_to_visible_ms": _summary(total),
-        "visible_samples": len(flush),
-    }
 
 
 def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | None, *,
@@ -438,11 +95,6 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
     Raises:
         ValueError: An argument is out of range.
         BenchmarkError: The sidecar failed to start, died, or refused requests.
-
-    Example:
-        >>> result = run(1.0, [1, 16], 1, None)  # doctest: +SKIP
-        >>> result["throughput"][1]["submissions_per_s"] > 0  # doctest: +SKIP
-        True
     """
     if not duration_s > 0:
         raise ValueError(f"{duration_s=} must be > 0")
@@ -461,10 +113,10 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
         "duration_s": duration_s, "batch_sizes": list(batch_sizes), "threads": threads,
         "sidecar_core": core, "client_cores": sorted(client_cores),
         "client_shares_sidecar_core": core in client_cores,
-        "request": {"prompt": _PROMPT, "max_tokens": 1, "priority": "high",
-                    "deadline_in_ms": _DEADLINE_MS},
+        "request": {"prompt": PROMPT, "max_tokens": 1, "priority": "high",
+                    "deadline_in_ms": DEADLINE_MS},
         "latency_samples": latency_samples, "latency_interval_ms": latency_interval_s * 1000,
-        "warmup_s": _WARMUP_S, "sidecar_max_in_flight": _MAX_IN_FLIGHT,
+        "warmup_s": _WARMUP_S, "sidecar_max_in_flight": MAX_IN_FLIGHT,
         "sidecar_settings": SIDECAR_SETTINGS,
     }
     result: dict[str, Any] = {"benchmark": "gateway_overhead",
@@ -477,16 +129,16 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
                 ThreadPoolExecutor(threads, thread_name_prefix="bench-client") as pool:
             assert sidecar.client is not None
             _log("sidecar serving on %s", sidecar.target)
-            channels = [_stub(sidecar.target) for _ in range(threads)]
+            channels = [make_stub(sidecar.target) for _ in range(threads)]
             stubs = [stub for _, stub in channels]
             try:
-                _pin_threads(client_cores)
+                pin_threads(client_cores)
                 _log("warm-up %.1f s", _WARMUP_S)
-                _throughput(sidecar, stubs, 8, _WARMUP_S, "warm", pool, len(client_cores))
+                throughput(sidecar, stubs, 8, _WARMUP_S, "warm", pool, len(client_cores))
                 time.sleep(0.3)  # let the warm-up's results reach disk
                 _log("added latency: %d single-request submits %.0f ms apart", latency_samples,
                      latency_interval_s * 1000)
-                result["added_latency"] = lat = _added_latency(
+                result["added_latency"] = lat = added_latency(
                     sidecar, stubs[0], latency_samples, latency_interval_s)
                 _log("  ack rtt p50 %.3f ms, received->finish mean %.2f ms, "
                      "finish->visible mean %.1f ms", lat["ack_rtt_ms"]["p50"],
@@ -495,9 +147,9 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
                 result["throughput"] = []
                 for size in batch_sizes:
                     _log("batch %d: %d thread(s) for %.1f s", size, threads, duration_s)
-                    _pin_threads(client_cores)
-                    row = _throughput(sidecar, stubs, size, duration_s, f"b{size}", pool,
-                                      len(client_cores))
+                    pin_threads(client_cores)
+                    row = throughput(sidecar, stubs, size, duration_s, f"b{size}", pool,
+                                     len(client_cores))
                     if row["refused"]:
                         raise BenchmarkError(f"batch {size}: sidecar refused requests "
                                              f"{row['refused']}; the engine is not absorbing")
@@ -512,12 +164,10 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
             finally:
                 for channel, _ in channels:
                     channel.close()
-                _pin_threads(original)
+                pin_threads(original)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomically(out, json.dumps(result, indent=2) + "\n")
         _log("wrote %s", out)
     return result
 

@@ -1,6 +1,6 @@
 """Open-loop load against a running sidecar, and a per-priority report of the outcome.
 
-Requests come from :func:`benchmarks.profiles.generate` (arrival times, priority
+Requests come from :func:`benchmarks.generate.generate` (arrival times, priority
 mix, SLAs, long-tailed ``max_tokens``); :func:`send_on_schedule` submits each one
 when it falls due, in small batches every ``tick_s`` (as Spark executors would),
 however late a tick runs. ``enqueue_ts`` is the scheduled arrival, so latency is
@@ -19,12 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.profiles import GeneratedRequest, TrafficProfile, generate
+from benchmarks.generate import GeneratedRequest, generate
+from benchmarks.profiles import TrafficProfile
 from sidecar.client import SidecarClient
+from sidecar.contract import Priority, now_ms
 from sidecar.pb.sts.v1 import inference_pb2 as pb
-from sidecar.result_reader import wait_for_results
+from sts_harness.result_check import wait_for_results
+from sts_harness.stats import percentile
 
-PRIORITIES = {"high": pb.PRIORITY_HIGH, "normal": pb.PRIORITY_NORMAL, "low": pb.PRIORITY_LOW}
+#: Wire value of each priority name, highest first.
+PRIORITIES: dict[str, int] = {str(p): p.value for p in Priority}
 
 
 @dataclass
@@ -51,10 +55,6 @@ class LoadRun:
     wall_s: float = 0.0
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _reason(ack: pb.SubmitAck) -> str:
     return "" if ack.accepted else \
         pb.RefusalReason.Name(ack.reason).removeprefix("REFUSAL_REASON_").lower()
@@ -69,7 +69,7 @@ def send_on_schedule(client: SidecarClient, requests: list[GeneratedRequest], *,
 
     Args:
         client: The sidecar.
-        requests: From :func:`benchmarks.profiles.generate`.
+        requests: From :func:`benchmarks.generate.generate`.
         id_prefix: ``request_id`` is ``f"{id_prefix}-{index}"`` (unique per run).
         duration_s: Keep going at least this long (default: the last arrival).
         tick_s: How often due requests are sent, as one ``SubmitBatch``.
@@ -79,7 +79,7 @@ def send_on_schedule(client: SidecarClient, requests: list[GeneratedRequest], *,
     pending = sorted(requests, key=lambda r: r.arrival_s)
     duration_s = duration_s if duration_s is not None else \
         (pending[-1].arrival_s if pending else 0.0)
-    run = LoadRun(sent=[], start_ms=_now_ms())
+    run = LoadRun(sent=[], start_ms=now_ms())
     start = time.monotonic()
     next_sample = start
     i = 0
@@ -121,12 +121,12 @@ def send_load(client: SidecarClient, profile: TrafficProfile, duration_s: float,
 def sample_stats(client: SidecarClient, t: float) -> dict:
     """Queue depth, in-flight and estimated wait per pool, and throughput, at one instant."""
     st = client.stats()
-    name = {v: k for k, v in PRIORITIES.items()}
+    pools = {str(Priority(p.priority)): p for p in st.pools}
     return {
         "t": round(t, 3),
-        "queued": {name[p.priority]: p.queued for p in st.pools},
-        "in_flight": {name[p.priority]: p.in_flight for p in st.pools},
-        "estimated_wait_ms": {name[p.priority]: p.estimated_queue_wait_ms for p in st.pools},
+        "queued": {name: p.queued for name, p in pools.items()},
+        "in_flight": {name: p.in_flight for name, p in pools.items()},
+        "estimated_wait_ms": {name: p.estimated_queue_wait_ms for name, p in pools.items()},
         "output_tokens_per_s": st.output_tokens_per_s,
     }
 
@@ -150,7 +150,7 @@ def report(run: LoadRun, results: dict[str, dict]) -> dict:
         status = collections.Counter(r["status"] for r in rows)
         shed = collections.Counter(r["reason"] for r in rows if r["status"] == "shed")
         on_time = sum(1 for r in rows if r["status"] == "ok" and r["finish_ts"] <= r["deadline_ts"])
-        latencies = sorted(r["finish_ts"] - r["received_ts"] for r in rows if r["status"] == "ok")
+        latencies = [r["finish_ts"] - r["received_ts"] for r in rows if r["status"] == "ok"]
         out[prio] = {
             "sent": len(sent),
             "results": len(rows),
@@ -158,8 +158,8 @@ def report(run: LoadRun, results: dict[str, dict]) -> dict:
             "on_time_rate": on_time / len(sent) if sent else None,
             "by_status": dict(status),
             "shed_by_reason": dict(shed),
-            "ok_latency_ms_p50": latencies[len(latencies) // 2] if latencies else None,
-            "ok_latency_ms_p99": latencies[int(len(latencies) * 0.99)] if latencies else None,
+            "ok_latency_ms_p50": percentile(latencies, 50),
+            "ok_latency_ms_p99": percentile(latencies, 99),
         }
     total_shed = sum(sum(v["shed_by_reason"].values()) for v in out.values())
     return {

@@ -24,11 +24,11 @@ import math
 import sys
 from dataclasses import dataclass
 
+from benchmarks.cli_args import add_plan_arguments
 from benchmarks.profiles import TrafficProfile, load_profile
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TOKENS_PER_S = 3400.0
 """Llama-3.1-8B on one H100 with vLLM (README worked example); replace with a measured figure."""
 
 
@@ -238,30 +238,6 @@ def format_plan(p: CapacityPlan) -> str:
         lines.append(f"Break-even: {p.break_even_qps:,.3g} QPS sustained per GPU; below it "
                      f"the API is cheaper; {verdict}.")
     return "\n".join(lines)
-
-
-def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``sts plan`` options to ``parser`` (returned for chaining)."""
-    parser.add_argument("--profile", required=True,
-                        help="traffic profile: a name in conf/profiles (e.g. seed-200qps) "
-                             "or a YAML path")
-    parser.add_argument("--tokens-per-s", type=float, default=DEFAULT_TOKENS_PER_S,
-                        help="output tokens/s one GPU sustains (default 3400: Llama-3.1-8B "
-                             "on one H100, vLLM, ~3,400 output tok/s; replace with your "
-                             "measured figure)")
-    parser.add_argument("--utilisation", type=float, default=0.7,
-                        help="target utilisation at peak, in (0, 1] (seed: 0.6-0.75; "
-                             "default 0.7)")
-    parser.add_argument("--peak-qps", type=float, default=None,
-                        help="plan for this peak instead of the profile's")
-    parser.add_argument("--api-price-out", type=float, default=None,
-                        help="API price, $ per million output tokens")
-    parser.add_argument("--api-price-in", type=float, default=None,
-                        help="API price, $ per million input tokens (default 0)")
-    parser.add_argument("--gpu-hour-price", type=float, default=None,
-                        help="$ per GPU-hour")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    return parser
 
 
 def run_plan(args: argparse.Namespace) -> int:

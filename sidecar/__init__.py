@@ -4,6 +4,8 @@ Public names, re-exported from their modules.
 """
 
 # From sidecar.config
+# From sidecar.client
+from sidecar.client import SidecarClient, request_to_proto
 from sidecar.config import (
     EngineConfig,
     ResultChannelConfig,
@@ -12,14 +14,11 @@ from sidecar.config import (
     SidecarConfig,
 )
 
-# From sidecar.client
-from sidecar.client import SidecarClient, request_to_proto
+# From sidecar.contract
+from sidecar.contract import RESULT_SCHEMA
 
 # From sidecar.model_prep
 from sidecar.model_prep import prepare_default_model
-
-# From sidecar.result_schema
-from sidecar.result_schema import RESULT_SCHEMA
 
 __all__ = [
     "EngineConfig",

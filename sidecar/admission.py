@@ -11,7 +11,21 @@ import math
 from dataclasses import dataclass
 
 from sidecar.config import SchedulerConfig
-from sidecar.request_state import RefusalReason, SidecarRequest
+from sidecar.contract import RefusalReason
+from sidecar.request_state import SidecarRequest
+
+
+@dataclass(frozen=True)
+class Ack:
+    """The admission answer for one request."""
+
+    request_id: str
+    accepted: bool
+    reason: RefusalReason | None = None
+    detail: str = ""
+    duplicate: bool = False
+    received_ts: int = 0
+    fallback_text: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,157 +1,67 @@
-"""The ``sts`` command line. Sets up logging first, then imports what a command needs."""
+"""The ``sts`` command line: a thin shell around the subcommands packages register.
+
+Each installed package registers its own subcommands through the entry-point
+group ``sts.commands`` (``register(subparsers)`` adds its parsers and sets
+``func`` on each); so ``sts sidecar`` works with only the sidecar installed and
+the Spark-side commands appear when their package is there. Logging is set up
+first; a command imports what it needs only when it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import logging
 import sys
-from pathlib import Path
+from collections.abc import Callable
+from importlib.metadata import entry_points
 
-DEFAULT_CONFIG = Path("conf/sidecar.yaml")
+logger = logging.getLogger(__name__)
+
+#: Entry-point group of ``sts`` subcommand providers.
+COMMANDS_GROUP = "sts.commands"
+
+#: Providers tried when the distribution's metadata is not installed (a source checkout).
+_BUILTIN_PROVIDERS = ("sidecar.commands:register", "sts_harness.commands:register",
+                      "benchmarks.commands:register")
+
+Register = Callable[[argparse._SubParsersAction], None]
 
 
-def _add_sidecar_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sidecar", help="run the gRPC gateway in front of vLLM")
-    p.add_argument("--config", type=Path, default=None,
-                   help=f"YAML config (default: {DEFAULT_CONFIG} if it exists)")
-    p.add_argument("--listen", help="host:port or unix:///path.sock")
-    p.add_argument("--results-dir", help="landing directory for result Parquet files")
-    p.add_argument("--engine", choices=["vllm", "simulated"], help="engine kind")
-    p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
-    p.add_argument("--max-in-flight", type=int, help="most requests inside the engine at once")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-addr", help="address of /metrics (default 127.0.0.1)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON", dest="settings",
-                   help="override any config key, e.g. --set scheduler.pools.low.max_queued=500")
-    p.add_argument("--sidecar-id", help="identity written into every result")
-    p.add_argument("--drain-timeout", type=float, help="seconds to drain on SIGTERM")
-    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
-                   help="extra vLLM AsyncEngineArgs, e.g. --engine-arg max_num_seqs=4")
-    p.add_argument("--log-requests", action="store_true", default=None,
-                   help="log every request")
+def _providers() -> list[tuple[str, Callable[[], Register]]]:
+    found = [(ep.value, ep.load) for ep in entry_points(group=COMMANDS_GROUP)]
+    if found:
+        return found
+
+    def loader(spec: str) -> Callable[[], Register]:
+        module, _, attr = spec.partition(":")
+        return lambda: getattr(importlib.import_module(module), attr)
+
+    return [(spec, loader(spec)) for spec in _BUILTIN_PROVIDERS]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``sts`` parser with the subcommands of every installed package."""
     parser = argparse.ArgumentParser(prog="sts", description="sts-spark: LLM inference in streams")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    model = sub.add_parser("model", help="model files")
-    model_sub = model.add_subparsers(dest="model_command", required=True)
-    prep = model_sub.add_parser("prepare", help="convert the packaged SmolLM2 GGUF for vLLM")
-    prep.add_argument("--cache-dir", type=Path, default=None,
-                      help="cache root (default $STS_CACHE_DIR or ~/.cache/sts-spark)")
-    prep.add_argument("--force", action="store_true", help="convert again")
-
-    _add_sidecar_parser(sub)
-
-    demo = sub.add_parser("demo", help="run the whole system end to end on this machine")
-    demo.add_argument("--rate", type=float, default=3.0, help="events per second")
-    demo.add_argument("--duration", type=float, default=40.0, help="seconds of replay")
-    demo.add_argument("--out", default="./sts-demo", help="output folder (replaced)")
-    demo.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
-    demo.add_argument("--max-tokens", type=int, default=48)
-
-    bench = sub.add_parser("bench", help="STS vs the blocking foreachBatch baseline, or --knee")
-    from benchmarks.bench import add_bench_arguments
-
-    add_bench_arguments(bench)
-    plan = sub.add_parser("plan", help="GPUs needed for a traffic profile (seed formula)")
-    from benchmarks.plan import add_plan_arguments
-
-    add_plan_arguments(plan)
-
-    stats = sub.add_parser("sidecar-stats", help="print a sidecar's live figures")
-    stats.add_argument("--target", default="127.0.0.1:50051", help="sidecar address")
-    stats.add_argument("--json", action="store_true", help="print the raw GetStats answer")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, load in _providers():
+        try:
+            load()(sub)
+        except ImportError as e:  # a package that is not installed adds no commands
+            logger.debug("sts commands from %s not available: %s", name, e)
     return parser
 
 
-def _parse_pairs(pairs: list[str], flag: str) -> dict:
-    """``KEY=VALUE`` pairs; values are JSON when they parse, else strings."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"{flag} expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def _run_sidecar(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from sidecar.config import SidecarConfig
-    from sidecar.server import serve
-
-    path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
-    config = SidecarConfig.from_yaml(path) if path else SidecarConfig()
-    config = config.with_overrides({
-        "server.listen": args.listen,
-        "server.sidecar_id": args.sidecar_id,
-        "server.log_requests": args.log_requests,
-        "results.results_dir": args.results_dir,
-        "engine.kind": args.engine,
-        "engine.model": args.model,
-        "scheduler.max_in_flight": args.max_in_flight,
-        "scheduler.drain_timeout_s": args.drain_timeout,
-        "server.metrics_port": args.metrics_port,
-        "server.metrics_addr": args.metrics_addr,
-    })
-    try:
-        config = config.with_overrides(_parse_pairs(args.settings, "--set"))
-    except ValueError as e:
-        raise SystemExit(f"sts sidecar: {e}") from None
-    if args.engine_arg:
-        config.engine.engine_args.update(_parse_pairs(args.engine_arg, "--engine-arg"))
-    asyncio.run(serve(config))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Entry point of ``sts``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command == "model":
-        from sidecar.model_prep import prepare_default_model
-
-        print(prepare_default_model(args.cache_dir, force=args.force))
-        return 0
-    if args.command == "sidecar":
-        return _run_sidecar(args)
-    if args.command == "demo":
-        from spark_ext.demo import DemoOptions, print_summary, run_demo
-
-        summary = run_demo(DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
-                                       engine=args.engine, max_tokens=args.max_tokens))
-        print_summary(summary)
-        return 0
-    if args.command == "bench":
-        from benchmarks.bench import run_bench_command
-
-        return run_bench_command(args)
-    if args.command == "plan":
-        from benchmarks.plan import run_plan
-
-        return run_plan(args)
-    if args.command == "sidecar-stats":
-        from google.protobuf.json_format import MessageToDict
-
-        from sidecar.client import SidecarClient
-
-        from sidecar.stats_report import format_stats
-
-        with SidecarClient(args.target) as client:
-            stats = client.stats()
-        print(json.dumps(MessageToDict(stats), indent=2) if args.json else format_stats(stats))
-        return 0
-    return 2
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

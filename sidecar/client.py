@@ -9,9 +9,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar.contract import Priority
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
-from sidecar.request_state import Priority
 
 _REQUEST_FIELDS = frozenset(pb.InferenceRequest.DESCRIPTOR.fields_by_name)
 
@@ -39,9 +39,10 @@ class SidecarClient:
         target: ``host:port`` or ``unix:///path.sock``.
         timeout_s: Deadline of each call.
 
-    Example:
-        >>> with SidecarClient("127.0.0.1:50051") as client:  # doctest: +SKIP
-        ...     acks = client.submit([{"request_id": "a", "prompt": "hi", ...}])
+    Usage::
+
+        with SidecarClient("127.0.0.1:50051") as client:
+            acks = client.submit([{"request_id": "a", "prompt": "hi", ...}])
     """
 
     def __init__(self, target: str, *, timeout_s: float = 10.0) -> None:

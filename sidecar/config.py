@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
+from sidecar.contract import PRIORITY_NAMES, as_dataclass, build_sections, read_yaml
 
 EngineKind = Literal["vllm", "simulated"]
 ResultChannelKind = Literal["files"]
@@ -38,16 +38,13 @@ class EngineConfig:
     """Extra keyword arguments for ``vllm.AsyncEngineArgs`` (e.g. ``max_num_seqs``)."""
 
     simulated: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for :class:`sidecar.simulated_engine.SimulatedEngineConfig`."""
+    """Keyword arguments for :class:`sidecar.engines.simulated.SimulatedEngineConfig`."""
 
     KINDS: ClassVar[tuple[str, ...]] = ("vllm", "simulated")
 
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
             raise ValueError(f"{self.kind=} must be one of {self.KINDS}")
-
-
-PRIORITY_NAMES: tuple[str, ...] = ("high", "normal", "low")
 
 
 @dataclass
@@ -194,20 +191,6 @@ class SchedulerConfig:
                                            "scheduler.load_shedding")
 
 
-def as_dataclass(cls: type, value: Any, where: str, base: Any = None) -> Any:
-    """Accept an instance of ``cls`` or a mapping of its fields (from YAML); fields
-    missing from the mapping come from ``base`` (else the class defaults)."""
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a mapping, got {type(value).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    if extra := set(value) - names:
-        raise ValueError(f"unknown keys in {where}: {sorted(extra)}")
-    merged = dataclasses.asdict(base) if base is not None else {}
-    return cls(**(merged | value))
-
-
 @dataclass
 class ResultChannelConfig:
     """Where terminal results go."""
@@ -310,32 +293,6 @@ _SECTION_TYPES: dict[str, type] = {
     "scheduler": SchedulerConfig,
     "results": ResultChannelConfig,
 }
-
-
-def build_sections(sections: dict[str, type], data: dict[str, Any] | None, *, what: str,
-                   error: type[Exception] = ValueError) -> dict[str, Any]:
-    """Instantiate one dataclass per section from a nested mapping.
-
-    Unknown sections and unknown keys raise ``error`` naming them; missing
-    sections get their defaults. Shared by the sidecar and pipeline configs.
-    """
-    data = dict(data or {})
-    if unknown := set(data) - set(sections):
-        raise error(f"unknown {what} sections: {sorted(unknown)}")
-    built = {}
-    for name, section_cls in sections.items():
-        values = data.get(name) or {}
-        names = {f.name for f in dataclasses.fields(section_cls)}
-        if extra := set(values) - names:
-            raise error(f"unknown keys in {what} section {name!r}: {sorted(extra)}")
-        built[name] = section_cls(**values)
-    return built
-
-
-def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Load one YAML document."""
-    with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
 
 
 def default_cache_dir() -> Path:

@@ -21,7 +21,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from sidecar.request_state import Priority
+from sidecar.contract import Priority
 
 _WINDOW_S = 10.0
 
@@ -64,7 +64,7 @@ class ServiceRateEstimator:
         >>> est.observe_finish(Priority.HIGH, ttft_s=0.1, tpot_s=0.02, output_tokens=50,
         ...                    max_tokens=100)
         >>> round(est.service_s(Priority.HIGH, max_tokens=100), 2)
-        1.1
+        1.08
     """
 
     def __init__(self, alpha: float = 0.1, clock=time.monotonic) -> None:

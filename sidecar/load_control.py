@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 
 from sidecar.admission import Refusal
 from sidecar.config import SchedulerConfig
+from sidecar.contract import Priority, RefusalReason, now_ms
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.pools import Pool
-from sidecar.request_state import Priority, RefusalReason, SidecarRequest, now_ms
+from sidecar.request_state import SidecarRequest
 
 
 class LoadControl:

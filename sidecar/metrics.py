@@ -112,9 +112,10 @@ class SidecarMetrics:
         loop: The event loop the scheduler runs on; scrapes read the live
             figures there. ``None`` reads them directly (single-threaded use).
 
-    Example:
-        >>> metrics = SidecarMetrics(scheduler)  # doctest: +SKIP
-        >>> metrics.serve(9400)  # http://host:9400/metrics  # doctest: +SKIP
+    Usage::
+
+        metrics = SidecarMetrics(scheduler)
+        metrics.serve(9400)  # http://host:9400/metrics
     """
 
     def __init__(self, scheduler, loop: asyncio.AbstractEventLoop | None = None) -> None:  # type: ignore[no-untyped-def]

@@ -62,9 +62,10 @@ def prepare_default_model(cache_dir: Path | None = None, *, force: bool = False)
     Returns:
         The model folder, ready for ``vllm`` (``model=<folder>``).
 
-    Example:
-        >>> path = prepare_default_model()  # doctest: +SKIP
-        >>> (path / "config.json").exists()  # doctest: +SKIP
+    Usage::
+
+        path = prepare_default_model()
+        (path / "config.json").exists()
         True
     """
     target = default_model_dir(cache_dir)

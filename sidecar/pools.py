@@ -15,7 +15,8 @@ import collections
 from dataclasses import dataclass, field
 
 from sidecar.config import PoolConfig
-from sidecar.request_state import Priority, RequestStatus, SidecarRequest
+from sidecar.contract import Priority
+from sidecar.request_state import RequestStatus, SidecarRequest
 
 
 @dataclass

@@ -8,31 +8,9 @@ terminal state to the external ``status`` string.
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
-from sidecar.pb.sts.v1 import inference_pb2 as pb
-
-
-class Priority(enum.IntEnum):
-    """Scheduling class; lower value runs first (vLLM's polarity), as on the wire."""
-
-    HIGH = pb.PRIORITY_HIGH
-    NORMAL = pb.PRIORITY_NORMAL
-    LOW = pb.PRIORITY_LOW
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def parse(cls, value: "str | int | Priority") -> "Priority":
-        """Accept ``"high"``, ``1`` or ``Priority.HIGH``; raise ``ValueError`` otherwise."""
-        if isinstance(value, str):
-            try:
-                return cls[value.strip().upper()]
-            except KeyError:
-                raise ValueError(f"unknown priority {value!r}") from None
-        return cls(int(value))
+from sidecar.contract import FinishReason, Priority, RefusalReason, Status, now_ms
 
 
 class RequestStatus(enum.IntEnum):
@@ -52,63 +30,25 @@ class RequestStatus(enum.IntEnum):
         return self > RequestStatus.RUNNING
 
     @property
-    def external(self) -> str:
-        """The ``status`` string written to the result channel."""
+    def external(self) -> Status:
+        """The ``status`` written to the result channel."""
         return _FINISHED_STATUS_MAP[self]
 
+    @classmethod
+    def refused(cls, reason: RefusalReason) -> "RequestStatus":
+        """The terminal state of a request refused for ``reason``."""
+        return cls.FINISHED_SHED if reason.status is Status.SHED else cls.FINISHED_REJECTED
 
-_FINISHED_STATUS_MAP: dict[RequestStatus, str] = {
-    RequestStatus.FINISHED_OK: "ok",
-    RequestStatus.FINISHED_LENGTH: "ok",
-    RequestStatus.FINISHED_EXPIRED: "timeout",
-    RequestStatus.FINISHED_SHED: "shed",
-    RequestStatus.FINISHED_REJECTED: "rejected",
-    RequestStatus.FINISHED_ABORTED: "error",
-    RequestStatus.FINISHED_ERROR: "error",
+
+_FINISHED_STATUS_MAP: dict[RequestStatus, Status] = {
+    RequestStatus.FINISHED_OK: Status.OK,
+    RequestStatus.FINISHED_LENGTH: Status.OK,
+    RequestStatus.FINISHED_EXPIRED: Status.TIMEOUT,
+    RequestStatus.FINISHED_SHED: Status.SHED,
+    RequestStatus.FINISHED_REJECTED: Status.REJECTED,
+    RequestStatus.FINISHED_ABORTED: Status.ERROR,
+    RequestStatus.FINISHED_ERROR: Status.ERROR,
 }
-
-#: External status strings, in the order of the wire enum.
-STATUSES: tuple[str, ...] = ("ok", "timeout", "shed", "rejected", "error")
-
-
-class RefusalReason(enum.IntEnum):
-    """Why admission refused a request (mirrors ``sts.v1.RefusalReason``)."""
-
-    MISSING_REQUEST_ID = pb.REFUSAL_REASON_MISSING_REQUEST_ID
-    EMPTY_PROMPT = pb.REFUSAL_REASON_EMPTY_PROMPT
-    PROMPT_TOO_LONG = pb.REFUSAL_REASON_PROMPT_TOO_LONG
-    MAX_TOKENS_OUT_OF_RANGE = pb.REFUSAL_REASON_MAX_TOKENS_OUT_OF_RANGE
-    TEMPERATURE_OUT_OF_RANGE = pb.REFUSAL_REASON_TEMPERATURE_OUT_OF_RANGE
-    UNKNOWN_PRIORITY = pb.REFUSAL_REASON_UNKNOWN_PRIORITY
-    UNKNOWN_MODEL = pb.REFUSAL_REASON_UNKNOWN_MODEL
-    DEADLINE_PASSED = pb.REFUSAL_REASON_DEADLINE_PASSED
-    QUEUE_FULL = pb.REFUSAL_REASON_QUEUE_FULL
-    DEADLINE_INFEASIBLE = pb.REFUSAL_REASON_DEADLINE_INFEASIBLE
-    DRAINING = pb.REFUSAL_REASON_DRAINING
-    OVERLOADED = pb.REFUSAL_REASON_OVERLOADED
-    QUEUE_DELAY_EXCEEDED = pb.REFUSAL_REASON_QUEUE_DELAY_EXCEEDED
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-    @property
-    def status(self) -> RequestStatus:
-        """Invalid input is ``rejected``; refusals under load are ``shed``."""
-        if self in _SHED_REASONS:
-            return RequestStatus.FINISHED_SHED
-        return RequestStatus.FINISHED_REJECTED
-
-
-_SHED_REASONS = frozenset(
-    {RefusalReason.QUEUE_FULL, RefusalReason.DEADLINE_INFEASIBLE, RefusalReason.DRAINING,
-     RefusalReason.OVERLOADED, RefusalReason.QUEUE_DELAY_EXCEEDED}
-)
-
-
-def now_ms() -> int:
-    """Wall clock, epoch milliseconds (the unit of every ``*_ts`` field)."""
-    return time.time_ns() // 1_000_000
-
 
 @dataclass
 class SidecarRequest:
@@ -130,13 +70,10 @@ class SidecarRequest:
     received_ts: int = field(default_factory=now_ms)
     prompt_token_ids: list[int] = field(default_factory=list, repr=False)
     status: RequestStatus = RequestStatus.QUEUED
-    arrival_seq: int = 0
-    dispatch_ts: int | None = None
-    """When the request left its pool's queue for the engine."""
     first_token_ts: int | None = None
     finish_ts: int | None = None
     text: str = ""
-    finish_reason: str = ""
+    finish_reason: FinishReason | None = None
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
@@ -157,7 +94,7 @@ class SidecarRequest:
 
 @dataclass(frozen=True)
 class ResultRecord:
-    """One row of the result channel (columns: :data:`sidecar.result_schema.RESULT_SCHEMA`)."""
+    """One row of the result channel (columns: :data:`sidecar.contract.RESULT_SCHEMA`)."""
 
     request_id: str
     trace_id: str
@@ -188,7 +125,8 @@ class ResultRecord:
         if not req.status.is_finished():
             raise ValueError(f"request {req.request_id!r} is not finished ({req.status.name})")
         finish_ts = req.finish_ts if req.finish_ts is not None else now_ms()
-        ok = req.status.external == "ok"
+        status = req.status.external
+        ok = status is Status.OK
         ttft = tpot = None
         if req.first_token_ts is not None:
             ttft = float(req.first_token_ts - req.received_ts)
@@ -197,9 +135,9 @@ class ResultRecord:
         return cls(
             request_id=req.request_id,
             trace_id=req.trace_id,
-            status=req.status.external,
+            status=status.value,
             text=req.text if ok else "",
-            finish_reason=req.finish_reason,
+            finish_reason=req.finish_reason.value if req.finish_reason else "",
             prompt_tokens=req.prompt_tokens,
             output_tokens=req.output_tokens,
             cached_tokens=req.cached_tokens,

@@ -1,7 +1,7 @@
 """The ``files`` result channel: Parquet files appended atomically to a directory.
 
-Each flush writes one file under a hidden temporary name (``.part-...``) and
-renames it into place, so a reader (Spark's file source, Auto Loader, pyarrow)
+Each flush writes one file under a hidden temporary name and renames it into
+place (:func:`sidecar.contract.write_parquet_atomically`), so a reader (Spark's file source, Auto Loader, pyarrow)
 never sees a partial file. Pending results are flushed at least every
 ``flush_interval_s`` and as soon as ``max_rows_per_file`` are pending.
 """
@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from sidecar.config import ResultChannelConfig
-from sidecar.request_state import ResultRecord, now_ms
-from sidecar.result_schema import RESULT_SCHEMA
+from sidecar.contract import RESULT_SCHEMA, now_ms, write_parquet_atomically
+from sidecar.request_state import ResultRecord
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +31,8 @@ class ParquetResultWriter:
         config: Directory, flush interval and file size.
         sidecar_id: Part of every file name, so several sidecars can share a directory.
 
-    Example:
-        >>> writer = ParquetResultWriter(ResultChannelConfig(results_dir="/tmp/r"), "sc0")
-        >>> # inside the event loop: writer.start(); writer.emit(record); await writer.close()
+    Inside the event loop: ``writer.start()``, then ``writer.emit(record)`` per
+    result, and ``await writer.close()`` to write what is pending.
     """
 
     def __init__(self, config: ResultChannelConfig, sidecar_id: str) -> None:
@@ -61,10 +58,6 @@ class ParquetResultWriter:
         self._pending.append(record)
         if len(self._pending) >= self.config.max_rows_per_file:
             self._wake.set()
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
 
     async def flush(self) -> None:
         """Write everything pending now."""
@@ -107,12 +100,9 @@ class ParquetResultWriter:
                 columns[name].append(getattr(row, name))
         table = pa.table(columns, schema=RESULT_SCHEMA)
         name = f"part-{now_ms()}-{self.sidecar_id}-{next(self._seq):08d}.parquet"
-        tmp = self.directory / f".{name}.tmp"
         try:
-            pq.write_table(table, tmp)
-            os.replace(tmp, self.directory / name)
+            write_parquet_atomically(table, self.directory, name)
         except BaseException:
-            tmp.unlink(missing_ok=True)
             self._pending[:0] = rows  # put them back, in order
             raise
         self.rows_written += len(rows)

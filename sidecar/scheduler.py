@@ -34,99 +34,23 @@ through :meth:`_finish`, which ignores a second finish of the same request.
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from sidecar.admission import Refusal, check_prompt_tokens, check_static
+from sidecar.admission import Ack, Refusal, check_prompt_tokens, check_static
 from sidecar.config import SchedulerConfig
-from sidecar.engine import Engine, EngineRequest, EngineStats
+from sidecar.contract import FinishReason, Priority, RefusalReason, Status, now_ms
+from sidecar.dedupe import DedupeWindow
+from sidecar.engines import Engine, EngineRequest
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
 from sidecar.load_control import LoadControl
 from sidecar.pools import Pool, WeightedPicker
-from sidecar.request_state import (
-    STATUSES,
-    Priority,
-    RefusalReason,
-    RequestStatus,
-    ResultRecord,
-    SidecarRequest,
-    now_ms,
-)
+from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
+from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
 
 logger = logging.getLogger(__name__)
-
-_TOKEN_RATE_WINDOW_S = 10.0
-
-
-@dataclass(frozen=True)
-class Ack:
-    """The admission answer for one request."""
-
-    request_id: str
-    accepted: bool
-    reason: RefusalReason | None = None
-    detail: str = ""
-    duplicate: bool = False
-    received_ts: int = 0
-    fallback_text: str = ""
-
-
-@dataclass(frozen=True)
-class PoolSnapshot:
-    """Live figures of one pool."""
-
-    queued: int
-    in_flight: int
-    tokens_in_flight: int
-    max_queued: int
-    max_in_flight: int
-    max_tokens_in_flight: int
-    max_queue_delay_ms: int
-    estimated_queue_wait_s: float
-    ttft_s: float
-    tpot_s: float
-    shed_by_reason: dict[str, int]
-    results_by_status: dict[str, int]
-    met_deadline: int
-
-
-@dataclass
-class SchedulerStats:
-    """Live figures (what the Stats RPC and ``/metrics`` report)."""
-
-    queued: dict[Priority, int]
-    in_flight: dict[Priority, int]
-    pools: dict[Priority, PoolSnapshot]
-    engine: EngineStats
-    submitted: int
-    accepted: int
-    duplicates: int
-    results_by_status: dict[str, int]
-    refusals_by_reason: dict[str, int]
-    output_tokens_per_s: float
-    prompt_tokens_total: int
-    cached_tokens_total: int
-    draining: bool
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        """From the engine's own prefix-cache counters when it keeps them (vLLM),
-        else cached over prompt tokens of finished requests."""
-        if self.engine.prefix_cache_queries:
-            return (self.engine.prefix_cache_hits or 0) / self.engine.prefix_cache_queries
-        if not self.prompt_tokens_total:
-            return 0.0
-        return self.cached_tokens_total / self.prompt_tokens_total
-
-    @property
-    def tokens_in_flight(self) -> int:
-        return sum(p.tokens_in_flight for p in self.pools.values())
-
 
 class Scheduler:
     """Priority queues in front of an :class:`Engine`.
@@ -154,23 +78,14 @@ class Scheduler:
                                 in_flight=lambda: self._in_flight_total)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._queue_timers: dict[str, asyncio.TimerHandle] = {}
-        self._seen: collections.OrderedDict[str, Ack] = collections.OrderedDict()
+        self._seen = DedupeWindow(config.dedupe_window)
         self._waiters: dict[str, asyncio.Future[ResultRecord]] = {}
-        self._arrivals = itertools.count()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._dispatcher: asyncio.Task[None] | None = None
-        self._token_events: collections.deque[tuple[float, int]] = collections.deque()
         self.draining = False
-        self.engine_dead = False
-        self.submitted = 0
-        self.accepted = 0
-        self.duplicates = 0
-        self.prompt_tokens_total = 0
-        self.cached_tokens_total = 0
-        self.results_by_status = {s: 0 for s in STATUSES}
-        self.refusals_by_reason = {str(r): 0 for r in RefusalReason}
+        self.counters = SchedulerCounters()
 
     # ------------------------------------------------------------------ admission
 
@@ -188,16 +103,16 @@ class Scheduler:
         batch_ids: set[str] = set()
         repeats_in_batch: list[int] = []
         for i, req in enumerate(requests):
-            self.submitted += 1
+            self.counters.submitted += 1
             req.received_ts = now
             if not req.request_id:
-                self._count_refusal(RefusalReason.MISSING_REQUEST_ID)
+                self.counters.refused(RefusalReason.MISSING_REQUEST_ID)
                 acks[i] = Ack("", False, RefusalReason.MISSING_REQUEST_ID,
                               "request_id is required", received_ts=now,
                               fallback_text=self._fallback_text(req.priority))
                 continue
             if req.request_id in self._seen or req.request_id in batch_ids:
-                self.duplicates += 1
+                self.counters.duplicates += 1
                 repeats_in_batch.append(i)
                 continue
             batch_ids.add(req.request_id)
@@ -221,10 +136,7 @@ class Scheduler:
                 acks[i] = self._refuse(req, refusal) if refusal else self._enqueue(req)
         # A replay repeats the first copy's decision (made above if it was in this batch).
         for i in repeats_in_batch:
-            rid = requests[i].request_id
-            first = self._seen.get(rid) or Ack(rid, True)  # evicted: it was admitted long ago
-            acks[i] = Ack(rid, first.accepted, first.reason, first.detail, duplicate=True,
-                          received_ts=now, fallback_text=first.fallback_text)
+            acks[i] = self._seen.replay(requests[i].request_id, now)
         return [a for a in acks if a is not None]
 
     async def generate(self, req: SidecarRequest) -> ResultRecord | Ack:
@@ -252,7 +164,7 @@ class Scheduler:
         if req.status is RequestStatus.QUEUED:
             self._leave_queue(req)
             req.error = why
-            self._finish(req, RequestStatus.FINISHED_ABORTED, finish_reason="abort")
+            self._finish(req, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
         elif task := self._tasks.get(req.request_id):
             req.error = why
             task.cancel()
@@ -265,37 +177,27 @@ class Scheduler:
             self._leave_queue(victim)
             self._shed(victim, refusal)
 
-    # ------------------------------------------------------------------ admission
-
     def _fallback_text(self, priority: Priority | None) -> str:
         return self.pools[priority or Priority.NORMAL].config.fallback_text
 
-    def _remember(self, ack: Ack) -> Ack:
-        self._seen[ack.request_id] = ack
-        while len(self._seen) > self.config.dedupe_window:
-            self._seen.popitem(last=False)
-        return ack
-
-    def _count_refusal(self, reason: RefusalReason) -> None:
-        self.refusals_by_reason[str(reason)] += 1
-
     def _shed(self, req: SidecarRequest, refusal: Refusal) -> None:
         """Terminal refusal of a request (at admission or from the queue)."""
-        self._count_refusal(refusal.reason)
+        self.counters.refused(refusal.reason)
         req.error = refusal.detail
         req.reason = refusal.reason
-        self._finish(req, refusal.reason.status, finish_reason=refusal.reason.status.external)
+        shed = refusal.reason.status is Status.SHED
+        self._finish(req, RequestStatus.refused(refusal.reason),
+                     FinishReason.SHED if shed else FinishReason.REJECTED)
 
     def _refuse(self, req: SidecarRequest, refusal: Refusal) -> Ack:
         self._shed(req, refusal)
-        return self._remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
+        return self._seen.remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
                                   received_ts=req.received_ts, fallback_text=req.fallback_text))
 
     def _enqueue(self, req: SidecarRequest) -> Ack:
         assert req.priority is not None
         pool = self.pools[req.priority]
-        self.accepted += 1
-        req.arrival_seq = next(self._arrivals)
+        self.counters.accepted += 1
         req.status = RequestStatus.QUEUED
         pool.push(req)
         loop = asyncio.get_running_loop()
@@ -308,7 +210,7 @@ class Scheduler:
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        ack = self._remember(Ack(req.request_id, True, received_ts=req.received_ts))
+        ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts))
         self._shed_over_watermarks()
         return ack
 
@@ -328,7 +230,7 @@ class Scheduler:
         self._leave_queue(req)
         if deadline:
             req.error = "deadline passed while queued"
-            self._finish(req, RequestStatus.FINISHED_EXPIRED, finish_reason="timeout")
+            self._finish(req, RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT)
         else:
             assert req.priority is not None
             limit = self.pools[req.priority].config.max_queue_delay_ms
@@ -371,7 +273,6 @@ class Scheduler:
                 pool.started(req)
                 self._in_flight_total += 1
                 self.estimator.observe_dispatch(req.priority)
-                req.dispatch_ts = now_ms()
                 req.status = RequestStatus.RUNNING
                 self._tasks[req.request_id] = asyncio.create_task(
                     self._serve(req), name=f"serve-{req.request_id}")
@@ -388,7 +289,7 @@ class Scheduler:
             priority=int(req.priority),
         )
         remaining_s = (req.deadline_ts - now_ms()) / 1000.0
-        status, finish_reason = RequestStatus.FINISHED_ERROR, "error"
+        status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
         first_token_at = last_token_at = None
         try:
@@ -403,20 +304,20 @@ class Scheduler:
                     req.output_tokens = progress.output_tokens
                     req.cached_tokens = max(req.cached_tokens, progress.cached_tokens)
                     if progress.finished:
-                        finish_reason = progress.finish_reason or "stop"
-                        status = (RequestStatus.FINISHED_LENGTH if finish_reason == "length"
+                        finish_reason = progress.finish_reason or FinishReason.STOP
+                        status = (RequestStatus.FINISHED_LENGTH
+                                  if finish_reason is FinishReason.LENGTH
                                   else RequestStatus.FINISHED_OK)
             if status is RequestStatus.FINISHED_ERROR:
                 req.error = "engine stream ended without a final output"
         except TimeoutError:
-            status, finish_reason = RequestStatus.FINISHED_EXPIRED, "timeout"
+            status, finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
             req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
         except asyncio.CancelledError:
-            status, finish_reason = RequestStatus.FINISHED_ABORTED, "abort"
+            status, finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
             req.error = req.error or "aborted by sidecar shutdown"
             raise
         except EngineDeadError as e:
-            self.engine_dead = True
             req.error = f"engine died: {e}"
             logger.error("Engine died while serving %s: %s", req.request_id, e)
         except Exception as e:  # one request's failure is data, not a crash
@@ -426,8 +327,8 @@ class Scheduler:
             self.pools[req.priority].stopped(req)
             self._in_flight_total -= 1
             self._tasks.pop(req.request_id, None)
-            self.prompt_tokens_total += req.prompt_tokens
-            self.cached_tokens_total += req.cached_tokens
+            self.counters.prompt_tokens_total += req.prompt_tokens
+            self.counters.cached_tokens_total += req.cached_tokens
             if first_token_at is not None:
                 completed = status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
                 tpot = ((last_token_at - first_token_at) / (req.output_tokens - 1)
@@ -436,12 +337,13 @@ class Scheduler:
                     req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
                     output_tokens=req.output_tokens if completed else 0,
                     max_tokens=req.max_tokens)
-            self._finish(req, status, finish_reason=finish_reason)
+            self._finish(req, status, finish_reason)
             self._wake.set()
 
     # ------------------------------------------------------------------ results
 
-    def _finish(self, req: SidecarRequest, status: RequestStatus, *, finish_reason: str) -> None:
+    def _finish(self, req: SidecarRequest, status: RequestStatus,
+                finish_reason: FinishReason) -> None:
         """The only place a request becomes terminal; a second call is ignored."""
         if req.status.is_finished():
             return
@@ -450,7 +352,7 @@ class Scheduler:
         req.finish_ts = now_ms()
         req.fallback_text = self._fallback_text(req.priority)
         record = ResultRecord.from_request(req, self.sidecar_id)
-        self.results_by_status[record.status] += 1
+        self.counters.finished(record)
         if req.priority is not None:
             pool = self.pools[req.priority]
             pool.results_by_status[record.status] += 1
@@ -458,9 +360,6 @@ class Scheduler:
                 pool.shed_by_reason[record.reason] += 1
             elif record.status == "ok" and record.finish_ts <= req.deadline_ts:
                 pool.met_deadline += 1
-        if req.output_tokens:
-            self._token_events.append((time.monotonic(), req.output_tokens))
-            self._trim_token_events()  # bounded even when nobody reads the stats
         if self.log_requests:
             logger.info("Finished request %s: %s.", req.request_id, record.status)
         self._emit(record)
@@ -498,7 +397,7 @@ class Scheduler:
                 if req.status is RequestStatus.QUEUED:
                     self._leave_queue(req)
                     req.error = "aborted by sidecar shutdown"
-                    self._finish(req, RequestStatus.FINISHED_ABORTED, finish_reason="abort")
+                    self._finish(req, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -526,27 +425,18 @@ class Scheduler:
             met_deadline=pool.met_deadline,
         )
 
-    def _trim_token_events(self) -> None:
-        """Keep only requests finished in the last ``_TOKEN_RATE_WINDOW_S`` seconds."""
-        cutoff = time.monotonic() - _TOKEN_RATE_WINDOW_S
-        while self._token_events and self._token_events[0][0] < cutoff:
-            self._token_events.popleft()
-
     def stats(self) -> SchedulerStats:
-        self._trim_token_events()
-        tokens = sum(n for _, n in self._token_events)
+        c = self.counters
         return SchedulerStats(
-            queued={p: pool.queued for p, pool in self.pools.items()},
-            in_flight={p: pool.in_flight for p, pool in self.pools.items()},
             pools={p: self._pool_snapshot(pool) for p, pool in self.pools.items()},
             engine=self.engine.stats(),
-            submitted=self.submitted,
-            accepted=self.accepted,
-            duplicates=self.duplicates,
-            results_by_status=dict(self.results_by_status),
-            refusals_by_reason={k: v for k, v in self.refusals_by_reason.items() if v},
-            output_tokens_per_s=tokens / _TOKEN_RATE_WINDOW_S,
-            prompt_tokens_total=self.prompt_tokens_total,
-            cached_tokens_total=self.cached_tokens_total,
+            submitted=c.submitted,
+            accepted=c.accepted,
+            duplicates=c.duplicates,
+            results_by_status=dict(c.results_by_status),
+            refusals_by_reason={k: v for k, v in c.refusals_by_reason.items() if v},
+            output_tokens_per_s=c.output_tokens_per_s(),
+            prompt_tokens_total=c.prompt_tokens_total,
+            cached_tokens_total=c.cached_tokens_total,
             draining=self.draining,
         )

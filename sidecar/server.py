@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sidecar.config import SidecarConfig
-from sidecar.engine import build_engine
+from sidecar.engines import build_engine
 from sidecar.interceptors import ExceptionInterceptor
 from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2, inference_pb2_grpc
@@ -45,8 +45,9 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
         config: The whole sidecar configuration.
         stop: Optional event to stop it from the same process (tests, embedding).
 
-    Example:
-        >>> asyncio.run(serve(SidecarConfig.from_yaml("conf/sidecar.yaml")))  # doctest: +SKIP
+    Usage::
+
+        asyncio.run(serve(SidecarConfig.from_yaml("conf/sidecar.yaml")))
     """
     started_at = time.monotonic()
     sidecar_id = config.server.sidecar_id or default_sidecar_id()

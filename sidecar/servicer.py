@@ -6,10 +6,13 @@ import time
 
 import grpc
 
+from sidecar.admission import Ack
+from sidecar.contract import FinishReason, Priority, RefusalReason, Status
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
-from sidecar.request_state import Priority, RefusalReason, ResultRecord, SidecarRequest
-from sidecar.scheduler import Ack, Scheduler, SchedulerStats
+from sidecar.request_state import ResultRecord, SidecarRequest
+from sidecar.scheduler import Scheduler
+from sidecar.stats import SchedulerStats
 
 _PRIORITY_VALUES = {int(p) for p in Priority}
 
@@ -83,14 +86,10 @@ def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, mode
     )
 
 
-_STATUS_VALUES = {"ok": pb.STATUS_OK, "timeout": pb.STATUS_TIMEOUT, "shed": pb.STATUS_SHED,
-                  "rejected": pb.STATUS_REJECTED, "error": pb.STATUS_ERROR}
-
-
 def result_to_proto(r: ResultRecord) -> pb.Result:
     """The wire form of one terminal result (the same fields as a result-channel row)."""
     return pb.Result(
-        request_id=r.request_id, trace_id=r.trace_id, status=_STATUS_VALUES[r.status],
+        request_id=r.request_id, trace_id=r.trace_id, status=Status(r.status).wire,
         text=r.text, finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens,
         output_tokens=r.output_tokens, cached_tokens=r.cached_tokens, enqueue_ts=r.enqueue_ts,
         received_ts=r.received_ts, first_token_ts=r.first_token_ts or 0, finish_ts=r.finish_ts,
@@ -107,7 +106,7 @@ def _ack_as_result(ack: Ack, msg: pb.InferenceRequest, sidecar_id: str) -> pb.Re
     detail = ("request_id was submitted before; its result went to the result channel"
               if ack.duplicate else ack.detail)
     return pb.Result(request_id=ack.request_id, trace_id=msg.trace_id, status=pb.STATUS_REJECTED,
-                     finish_reason="rejected", received_ts=ack.received_ts,
+                     finish_reason=FinishReason.REJECTED.value, received_ts=ack.received_ts,
                      finish_ts=ack.received_ts, error=detail, sidecar_id=sidecar_id,
                      priority=msg.priority, deadline_ts=msg.deadline_ts,
                      reason=int(ack.reason) if ack.reason else pb.REFUSAL_REASON_UNSPECIFIED,

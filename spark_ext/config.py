@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from sidecar.config import build_sections, read_yaml
+from sidecar.contract import PRIORITY_NAMES, build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
-PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 
 
 @dataclass
@@ -70,8 +68,8 @@ class TaggingConfig:
     """Result routing; ``{priority}`` is replaced per request."""
 
     def __post_init__(self) -> None:
-        if set(self.sla_ms) != set(PRIORITIES) or min(self.sla_ms.values()) <= 0:
-            raise PipelineConfigError(f"{self.sla_ms=} needs positive values for {PRIORITIES}")
+        if set(self.sla_ms) != set(PRIORITY_NAMES) or min(self.sla_ms.values()) <= 0:
+            raise PipelineConfigError(f"{self.sla_ms=} needs positive values for {PRIORITY_NAMES}")
         if not self.key_columns:
             raise PipelineConfigError(f"{self.key_columns=} must name at least one column")
 
@@ -172,6 +170,3 @@ class PipelineConfig:
     def from_yaml(cls, path: str | os.PathLike[str]) -> "PipelineConfig":
         """Read a YAML file such as ``conf/pipeline.yaml``."""
         return cls.from_dict(read_yaml(path))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

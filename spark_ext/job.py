@@ -29,9 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from spark_ext.pipeline import StsPipeline
 
     config = PipelineConfig.from_yaml(args.config)
-    spark = (SparkSession.builder.appName("sts-spark")
-             .config("spark.sql.streaming.multipleWatermarkPolicy", "max")
-             .getOrCreate())
+    spark = SparkSession.builder.appName("sts-spark").getOrCreate()
     pipeline = StsPipeline(spark, config)
     pipeline.start()
     try:

@@ -14,18 +14,14 @@ Three streaming queries, none of which waits on the model:
 from __future__ import annotations
 
 import logging
-import os
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from sidecar.request_state import now_ms
-from sidecar.result_schema import RESULT_SCHEMA
+from sidecar.contract import RESULT_SCHEMA, now_ms, write_parquet_atomically
 from spark_ext.config import PipelineConfig
 from spark_ext.join import join_answers, refused_answers
 from spark_ext.results import HEARTBEAT_ID, read_results
@@ -54,21 +50,14 @@ def stamp_answered(answers: pa.Table) -> pa.Table:
     return answers
 
 
-def write_parquet_atomically(table: pa.Table, directory: str, name: str) -> None:
-    """Write ``directory/name`` via a hidden temporary file and a rename."""
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    tmp = Path(directory) / f".{name}.{uuid.uuid4().hex}.tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, Path(directory) / name)
-
-
 class StsPipeline:
     """Builds and runs the STS queries on a SparkSession.
 
-    Example:
-        >>> pipeline = StsPipeline(spark, PipelineConfig.from_yaml("conf/pipeline.yaml"))
-        >>> queries = pipeline.start()  # doctest: +SKIP
-        >>> pipeline.drain(); pipeline.stop()  # doctest: +SKIP
+    Usage::
+
+        pipeline = StsPipeline(spark, PipelineConfig.from_yaml("conf/pipeline.yaml"))
+        queries = pipeline.start()
+        pipeline.drain(); pipeline.stop()
     """
 
     def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:

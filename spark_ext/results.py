@@ -2,35 +2,14 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BooleanType,
-    DataType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
-from sidecar.result_schema import RESULT_SCHEMA
+from sidecar.contract import RESULT_SCHEMA
+from spark_ext.schemas import spark_schema
 
 #: Result id the pipeline's drain step writes to move the results watermark.
 HEARTBEAT_ID = "__sts_heartbeat__"
-
-_ARROW_TO_SPARK: dict[pa.DataType, DataType] = {
-    pa.string(): StringType(), pa.int32(): IntegerType(), pa.int64(): LongType(),
-    pa.float64(): DoubleType(), pa.bool_(): BooleanType(),
-}
-
-
-def spark_schema(schema: pa.Schema) -> StructType:
-    """Spark schema of an Arrow schema of flat primitive columns."""
-    return StructType([StructField(f.name, _ARROW_TO_SPARK[f.type], True) for f in schema])
-
 
 RESULT_SPARK_SCHEMA = spark_schema(RESULT_SCHEMA)
 

@@ -10,15 +10,13 @@ from pyspark.sql import SparkSession
 
 
 def local_session(app_name: str, *, cores: int = 2) -> SparkSession:
-    """A ``local[cores]`` session set up for the STS queries: few shuffle partitions, no
-    UI, and ``multipleWatermarkPolicy=max`` (the answers query needs it; see
-    :mod:`spark_ext.join`)."""
+    """A ``local[cores]`` session set up for the STS queries: few shuffle partitions and
+    no UI (:meth:`spark_ext.pipeline.StsPipeline.start` sets what the queries need)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     session = (SparkSession.builder.master(f"local[{cores}]").appName(app_name)
                .config("spark.sql.shuffle.partitions", str(cores))
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.streaming.multipleWatermarkPolicy", "max")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     return session

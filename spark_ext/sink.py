@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
-from sidecar.request_state import now_ms
+from sidecar.contract import now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,10 @@ def first_per_key(table: pa.Table, key: str = "request_id") -> pa.Table:
 class DeltaSink:
     """One Delta table keyed by ``request_id``.
 
-    Example:
-        >>> sink = DeltaSink("/tmp/out/answers")  # doctest: +SKIP
-        >>> sink.insert_new(arrow_table)  # doctest: +SKIP
+    Usage::
+
+        sink = DeltaSink("/tmp/out/answers")
+        sink.insert_new(arrow_table)
     """
 
     def __init__(self, path: str, *, key: str = "request_id") -> None:

@@ -15,24 +15,15 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
-from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from spark_ext.config import SidecarEndpointConfig
+from spark_ext.schemas import spark_schema
 
 logger = logging.getLogger(__name__)
 
-#: Columns the submit step adds to each request row.
-ACK_FIELDS = [
-    StructField("accepted", BooleanType(), False),
-    StructField("reason", StringType(), True),
-    StructField("detail", StringType(), True),
-    StructField("duplicate", BooleanType(), False),
-    StructField("submit_ts", LongType(), False),
-    StructField("sidecar_id", StringType(), True),
-    StructField("endpoint", StringType(), True),
-    StructField("sidecar_fallback_text", StringType(), True),
-]
-_ACK_ARROW = pa.schema([
+#: Columns the submit step adds to each request row (Arrow; the Spark schema is derived).
+ACK_SCHEMA = pa.schema([
     ("accepted", pa.bool_()), ("reason", pa.string()), ("detail", pa.string()),
     ("duplicate", pa.bool_()), ("submit_ts", pa.int64()), ("sidecar_id", pa.string()),
     ("endpoint", pa.string()), ("sidecar_fallback_text", pa.string()),
@@ -67,8 +58,8 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     import grpc
 
     from sidecar.client import SidecarClient, request_to_proto
+    from sidecar.contract import now_ms
     from sidecar.pb.sts.v1 import inference_pb2 as pb
-    from sidecar.request_state import now_ms
 
     endpoint = resolve_endpoint(config)
     client = SidecarClient(endpoint, timeout_s=config.timeout_s)
@@ -103,8 +94,8 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                                     now, endpoint)
                 keep = [n for n in chunk.schema.names if n != "prompt"]
                 arrays = [chunk.column(n) for n in keep]
-                arrays += [pa.array(acks[f.name], type=f.type) for f in _ACK_ARROW]
-                yield pa.RecordBatch.from_arrays(arrays, names=keep + _ACK_ARROW.names)
+                arrays += [pa.array(acks[f.name], type=f.type) for f in ACK_SCHEMA]
+                yield pa.RecordBatch.from_arrays(arrays, names=keep + ACK_SCHEMA.names)
     finally:
         client.close()
 
@@ -112,7 +103,7 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
 def ack_schema(requests: DataFrame) -> StructType:
     """Schema of :func:`submit_requests`'s output for a given request DataFrame."""
     kept = [f for f in requests.schema.fields if f.name != "prompt"]
-    return StructType(kept + ACK_FIELDS)
+    return StructType(kept + spark_schema(ACK_SCHEMA).fields)
 
 
 def submit_requests(requests: DataFrame, config: SidecarEndpointConfig) -> DataFrame:
@@ -123,8 +114,9 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig) -> DataF
     ``endpoint`` and ``sidecar_fallback_text`` (the sidecar pool's rule answer,
     set on refusals; L4 prefers it to the pipeline's own fallback text).
 
-    Example:
-        >>> acks = submit_requests(build_requests(events, tagging, template),  # doctest: +SKIP
-        ...                        SidecarEndpointConfig(endpoint="127.0.0.1:50051"))
+    Usage::
+
+        acks = submit_requests(build_requests(events, tagging, template),
+                               SidecarEndpointConfig(endpoint="127.0.0.1:50051"))
     """
     return requests.mapInArrow(lambda it: submit_batches(it, config), ack_schema(requests))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_ext.config import PRIORITIES, TaggingConfig
+from sidecar.contract import PRIORITY_NAMES
+from spark_ext.config import TaggingConfig
 from spark_ext.template import PromptTemplate
 
 #: Columns every request row carries after :func:`build_requests`.
@@ -27,9 +28,10 @@ def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplat
     are lower-cased; an unknown one is kept as is and refused by the sidecar with
     a ``rejected`` result (it is never dropped silently).
 
-    Example:
-        >>> reqs = build_requests(events, TaggingConfig(), PromptTemplate(  # doctest: +SKIP
-        ...     stable="You triage tickets.\\n", dynamic="Ticket: {text}"))
+    Usage::
+
+        reqs = build_requests(events, TaggingConfig(), PromptTemplate(
+            stable="You triage tickets.\\n", dynamic="Ticket: {text}"))
     """
     missing = [c for c in [*config.key_columns, *template.fields] if c not in df.columns]
     if missing:
@@ -49,7 +51,7 @@ def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplat
         max_tokens = F.when(own.isNull(), F.lit(config.max_tokens)).otherwise(
             F.least(F.greatest(own, F.lit(1)), F.lit(config.max_tokens)))
     sla = F.lit(None).cast("long")
-    for p in reversed(PRIORITIES):
+    for p in reversed(PRIORITY_NAMES):
         sla = F.when(F.col("priority") == p, F.lit(config.sla_ms[p])).otherwise(sla)
     out = (df.withColumn("request_id", request_id)
              .withColumn("trace_id", F.col(config.trace_id).cast("string") if config.trace_id

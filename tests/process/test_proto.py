@@ -59,7 +59,7 @@ def test_request_message_has_every_seed_field() -> None:
 
 
 def test_result_schema_matches_result_message() -> None:
-    from sidecar.result_schema import RESULT_SCHEMA
+    from sidecar.contract import RESULT_SCHEMA
 
     assert set(RESULT_SCHEMA.names) == set(inference_pb2.Result.DESCRIPTOR.fields_by_name)
 

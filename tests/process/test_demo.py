@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spark_ext.demo import DemoOptions, load_samples, run_demo
+
 from spark_ext.sink import DeltaSink
+from sts_harness.demo import DemoOptions, load_samples, run_demo
 
 
 def test_samples_are_realistic_and_mixed() -> None:

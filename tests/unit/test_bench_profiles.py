@@ -1,4 +1,5 @@
-"""Traffic profiles: length and arrival sampling, request generation, YAML loading."""
+"""Traffic profiles: length and arrival sampling (``benchmarks.distributions``), request
+generation (``benchmarks.generate``), YAML loading (``benchmarks.profiles``)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.profiles import (
-    ArrivalProcess,
-    LengthDistribution,
-    TrafficProfile,
-    available_profiles,
-    events_for_spark,
-    generate,
-    load_profile,
-)
+from benchmarks.distributions import ArrivalProcess, LengthDistribution
+from benchmarks.generate import events_for_spark, generate
+from benchmarks.profiles import TrafficProfile, available_profiles, load_profile
+from sidecar.contract import PRIORITY_NAMES
 
 N = 200_000
 
@@ -271,7 +267,7 @@ def test_generated_requests_follow_the_profile() -> None:
     assert max_tokens.max() <= profile.output_tokens.cap
     assert np.mean(max_tokens >= 450) > 0.01
     # Priorities and SLAs.
-    share = {p: sum(r.priority == p for r in reqs) / len(reqs) for p in ("high", "normal", "low")}
+    share = {p: sum(r.priority == p for r in reqs) / len(reqs) for p in PRIORITY_NAMES}
     assert share["high"] == pytest.approx(0.2, abs=0.03)
     assert share["normal"] == pytest.approx(0.5, abs=0.03)
     assert all(r.sla_ms == profile.sla_ms[r.priority] for r in reqs)

@@ -13,11 +13,19 @@ import itertools
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from sidecar.contract import PRIORITY_NAMES
+from sts_harness.replay import EventReplayer
+from sts_harness.stats import percentiles
+
+#: Marks a folder as written by ``sts demo``: only such a folder is ever replaced.
+MARKER = ".sts-demo"
+#: What the demo writes inside ``--out`` (all that ``--overwrite`` removes).
+_OUTPUTS = ("events", "results", "acks", "tables", "checkpoints", "summary.json", "sidecar.log")
 
 logger = logging.getLogger(__name__)
 
@@ -47,53 +55,70 @@ class DemoOptions:
     drain_timeout_s: float = 90.0
     """After the replay, how long to wait for the last answers."""
 
+    overwrite: bool = False
+    """Replace the output of an earlier demo in ``out`` (never a folder the demo did not make)."""
+
+    def __post_init__(self) -> None:
+        if not self.rate > 0:
+            raise ValueError(f"{self.rate=} must be > 0 events/s")
+        if not self.duration > 0:
+            raise ValueError(f"{self.duration=} must be > 0 seconds")
+        if self.max_tokens < 1:
+            raise ValueError(f"{self.max_tokens=} must be >= 1")
+
 
 def load_samples() -> list[dict]:
     """The shipped support tickets (300 rows: ticket_id, text, priority)."""
-    text = resources.files("spark_ext").joinpath("samples/support_tickets.jsonl").read_text(
+    text = resources.files("sts_harness").joinpath("samples/support_tickets.jsonl").read_text(
         encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-class EventReplayer(threading.Thread):
-    """Writes sample events as JSON files into ``folder`` at ``rate`` events/s."""
+def sample_replayer(folder: Path, rate: float, duration: float, samples: list[dict]
+                    ) -> EventReplayer:
+    """Replay ``samples`` (cycled) into ``folder`` at ``rate`` events/s for ``duration`` s."""
+    n = max(1, int(rate * duration))
+    arrivals = [i / rate for i in range(n)]
 
-    def __init__(self, folder: Path, rate: float, duration: float, samples: list[dict]) -> None:
-        super().__init__(name="event-replayer", daemon=True)
-        self.folder, self.rate, self.duration = folder, rate, duration
-        self.samples = samples
-        self.sent = 0
-        self.stopped = threading.Event()
+    def make_events(start_ms: int) -> list[dict]:
+        cycle = itertools.cycle(samples)
+        return [{"event_id": f"{s['ticket_id']}-{i:06d}", "text": s["text"],
+                 "priority": s["priority"], "event_ts": start_ms + round(at * 1000)}
+                for i, (at, s) in enumerate(zip(arrivals, cycle))]
 
-    def run(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        cycle = itertools.cycle(self.samples)
-        start = time.monotonic()
-        tick = 0.5
-        while not self.stopped.is_set():
-            elapsed = time.monotonic() - start
-            if elapsed >= self.duration:
-                break
-            due = int(min(elapsed + tick, self.duration) * self.rate) - self.sent
-            if due > 0:
-                now = int(time.time() * 1000)
-                rows = []
-                for _ in range(due):
-                    s = next(cycle)
-                    rows.append({"event_id": f"{s['ticket_id']}-{self.sent + len(rows):06d}",
-                                 "text": s["text"], "priority": s["priority"], "event_ts": now})
-                tmp = self.folder / f".events-{self.sent:06d}.tmp"
-                tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-                tmp.rename(self.folder / f"events-{self.sent:06d}.json")
-                self.sent += len(rows)
-            self.stopped.wait(tick)
+    return EventReplayer(folder, arrivals, make_events)
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+def prepare_out(out: Path, *, overwrite: bool) -> None:
+    """Make ``out`` ready for a demo run without ever deleting what the demo did not write.
+
+    An empty or missing folder is used as is; a folder an earlier demo wrote (it holds
+    :data:`MARKER`) is cleared of the demo's outputs when ``overwrite`` is set.
+
+    Raises:
+        FileExistsError: ``out`` holds files and no marker, or an earlier demo's output
+            without ``overwrite``.
+        NotADirectoryError: ``out`` is a file.
+    """
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / MARKER).exists():
+            raise FileExistsError(f"--out {out} is not empty and was not written by sts demo; "
+                                  "choose an empty or new folder")
+        if not overwrite:
+            raise FileExistsError(f"--out {out} holds an earlier demo's output; "
+                                  "pass --overwrite to replace it")
+        import shutil
+
+        for name in _OUTPUTS:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by sts demo\n", encoding="utf-8")
 
 
 def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -> dict:
@@ -104,10 +129,10 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -
     for a in answers:
         by_source[a["answer_source"]] = by_source.get(a["answer_source"], 0) + 1
         by_status[a["status"]] = by_status.get(a["status"], 0) + 1
-    for p in ("high", "normal", "low"):
-        lat = [a["latency_ms"] for a in answers if a["priority"] == p and a["answer_source"] != "backfill"
-               and a["latency_ms"] is not None]
-        latency[p] = {f"p{q}": _percentile(lat, q) for q in (50, 95, 99)} | {"n": len(lat)}
+    for p in PRIORITY_NAMES:
+        lat = [a["latency_ms"] for a in answers if a["priority"] == p
+               and a["answer_source"] != "backfill" and a["latency_ms"] is not None]
+        latency[p] = percentiles(lat, (50, 95, 99), digits=None) | {"n": len(lat)}
     met = sum(1 for a in answers if a["deadline_met"])
     return {
         "events": events,
@@ -128,16 +153,12 @@ def run_demo(opts: DemoOptions) -> dict:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from google.protobuf.json_format import MessageToDict
 
-    from sidecar.model_prep import prepare_default_model
-    from sidecar.process import SidecarProcess
+    from sidecar import prepare_default_model
     from spark_ext.config import PipelineConfig
+    from sts_harness.process import SidecarProcess
 
-    out = Path(opts.out).resolve()
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out = Path(opts.out).expanduser().resolve()
+    prepare_out(out, overwrite=opts.overwrite)
     if opts.engine == "vllm":
         print(f"Model: {prepare_default_model()}", flush=True)
 
@@ -169,7 +190,7 @@ def run_demo(opts: DemoOptions) -> dict:
         })
         pipeline = StsPipeline(spark, config)
         stack.callback(pipeline.stop)
-        replayer = EventReplayer(out / "events", opts.rate, opts.duration, load_samples())
+        replayer = sample_replayer(out / "events", opts.rate, opts.duration, load_samples())
         pipeline.start()
         start = time.monotonic()
         replayer.start()
@@ -182,7 +203,7 @@ def run_demo(opts: DemoOptions) -> dict:
                 counts[a["answer_source"]] = counts.get(a["answer_source"], 0) + 1
             st = client.stats()
             busy = sum(p.queued + p.in_flight for p in st.pools)
-            print(f"[{time.monotonic() - start:5.1f}s] {phase}: events {replayer.sent}, "
+            print(f"[{time.monotonic() - start:5.1f}s] {phase}: events {replayer.offered}, "
                   f"answers {len(answers)} {counts}, sidecar busy {busy}, "
                   f"{st.output_tokens_per_s:.0f} tok/s", flush=True)
             return len(answers)
@@ -201,13 +222,13 @@ def run_demo(opts: DemoOptions) -> dict:
         time.sleep(3 * config.output.trigger_s + 1)
         pipeline.drain()
         while time.monotonic() < drain_deadline + 30:
-            if progress("closing windows") >= replayer.sent:
+            if progress("closing windows") >= replayer.offered:
                 break
             time.sleep(2)
         wall_s = time.monotonic() - start
         stats = MessageToDict(client.stats())
         answers = pipeline.answers.read().to_pylist()
-        summary = summarize(answers, events=replayer.sent, wall_s=wall_s, stats=stats)
+        summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats)
         summary["tables"] = {name: config.output.table(name)
                              for name in ("answers", "requests", "results")}
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")

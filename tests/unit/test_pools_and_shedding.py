@@ -10,12 +10,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from sidecar.config import LoadSheddingConfig, PoolConfig, SchedulerConfig
+from sidecar.contract import Priority, RefusalReason
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.metrics import SidecarMetrics
 from sidecar.pools import WeightedPicker
-from sidecar.request_state import Priority, RefusalReason, ResultRecord
+from sidecar.request_state import ResultRecord
 from sidecar.scheduler import Scheduler
-from tests.test_scheduler import _fast_engine, _req, _until, _with_scheduler
+from tests.utils import fast_engine, make_sidecar_request, until, with_scheduler
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,8 +68,8 @@ def test_pool_queue_full_is_per_pool_and_carries_fallback() -> None:
              "high": {"max_queued": 5}}
 
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        lows = s.submit_batch([_req(f"l{i}", priority=LOW, max_tokens=200) for i in range(4)])
-        highs = s.submit_batch([_req(f"h{i}", priority=HIGH) for i in range(3)])
+        lows = s.submit_batch([make_sidecar_request(f"l{i}", priority=LOW, max_tokens=200) for i in range(4)])
+        highs = s.submit_batch([make_sidecar_request(f"h{i}", priority=HIGH) for i in range(3)])
         assert [a.accepted for a in lows] == [True, True, False, False]
         assert {a.reason for a in lows[2:]} == {RefusalReason.QUEUE_FULL}
         assert {a.fallback_text for a in lows[2:]} == {"low fallback"}
@@ -76,10 +77,10 @@ def test_pool_queue_full_is_per_pool_and_carries_fallback() -> None:
         refused = {r.request_id: r for r in results}
         assert refused["l2"].status == "shed" and refused["l2"].reason == "queue_full"
         assert refused["l2"].fallback_text == "low fallback"
-        await _until(lambda: len(results) == 7)
+        await until(lambda: len(results) == 7)
 
-    results = asyncio.run(_with_scheduler(
-        _fast_engine(max_num_seqs=1), _config(max_in_flight=1, pools=pools), body))
+    results = asyncio.run(with_scheduler(
+        fast_engine(max_num_seqs=1), _config(max_in_flight=1, pools=pools), body))
     ok = [r for r in results if r.status == "ok"]
     assert ok and all(r.fallback_text == "" for r in ok)
 
@@ -89,27 +90,27 @@ def test_watermarks_shed_low_first_then_normal_never_high() -> None:
 
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
         # Keep the single engine slot busy so everything else queues.
-        s.submit_batch([_req("busy", priority=HIGH, max_tokens=2000)])
-        await _until(lambda: s.stats().in_flight[HIGH] == 1)
-        acks = s.submit_batch([_req(f"l{i}", priority=LOW) for i in range(6)])
+        s.submit_batch([make_sidecar_request("busy", priority=HIGH, max_tokens=2000)])
+        await until(lambda: s.stats().in_flight[HIGH] == 1)
+        acks = s.submit_batch([make_sidecar_request(f"l{i}", priority=LOW) for i in range(6)])
         assert [a.accepted for a in acks] == [True] * 4 + [False] * 2
         assert {a.reason for a in acks[4:]} == {RefusalReason.OVERLOADED}
         # Normal arrivals push the depth over the low watermark: queued lows go, newest first.
-        acks = s.submit_batch([_req(f"n{i}", priority=NORMAL) for i in range(4)])
+        acks = s.submit_batch([make_sidecar_request(f"n{i}", priority=NORMAL) for i in range(4)])
         assert all(a.accepted for a in acks)
         evicted = [r.request_id for r in results if r.request_id.startswith("l")
                    and r.reason == "overloaded"]
         assert evicted == ["l4", "l5", "l3", "l2", "l1", "l0"], evicted
         # Past the normal watermark, normal is refused too; high is never shed by a watermark.
-        acks = s.submit_batch([_req(f"n{i}", priority=NORMAL) for i in range(4, 8)])
+        acks = s.submit_batch([make_sidecar_request(f"n{i}", priority=NORMAL) for i in range(4, 8)])
         assert [a.accepted for a in acks] == [True, True, False, False]
-        acks = s.submit_batch([_req(f"h{i}", priority=HIGH) for i in range(5)])
+        acks = s.submit_batch([make_sidecar_request(f"h{i}", priority=HIGH) for i in range(5)])
         assert all(a.accepted for a in acks)
         stats = s.stats()
         assert stats.queued == {HIGH: 5, NORMAL: 1, LOW: 0}
         assert stats.pools[NORMAL].shed_by_reason == {"overloaded": 7}
 
-    asyncio.run(_with_scheduler(_fast_engine(max_num_seqs=1),
+    asyncio.run(with_scheduler(fast_engine(max_num_seqs=1),
                                 _config(max_in_flight=1, load_shedding=marks), body))
 
 
@@ -117,33 +118,33 @@ def test_queued_request_is_shed_after_max_queue_delay() -> None:
     pools = {"low": {"max_queue_delay_ms": 150}}
 
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        s.submit_batch([_req("busy", priority=HIGH, max_tokens=2000)])
-        s.submit_batch([_req("waits", priority=LOW)])
-        await _until(lambda: any(r.request_id == "waits" for r in results))
+        s.submit_batch([make_sidecar_request("busy", priority=HIGH, max_tokens=2000)])
+        s.submit_batch([make_sidecar_request("waits", priority=LOW)])
+        await until(lambda: any(r.request_id == "waits" for r in results))
         row = next(r for r in results if r.request_id == "waits")
         assert (row.status, row.reason) == ("shed", "queue_delay_exceeded")
         assert row.finish_ts - row.received_ts >= 140
 
-    asyncio.run(_with_scheduler(_fast_engine(max_num_seqs=1),
+    asyncio.run(with_scheduler(fast_engine(max_num_seqs=1),
                                 _config(max_in_flight=1, pools=pools), body))
 
 
 def test_deadline_infeasible_refused_at_once_after_warm_up() -> None:
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
         # Warm up: the estimator learns ~5 ms per token.
-        s.submit_batch([_req(f"w{i}", max_tokens=20) for i in range(4)])
-        await _until(lambda: len(results) == 4)
+        s.submit_batch([make_sidecar_request(f"w{i}", max_tokens=20) for i in range(4)])
+        await until(lambda: len(results) == 4)
         assert s.estimator.warm
-        acks = s.submit_batch([_req("hopeless", max_tokens=1000, deadline_in_ms=300),
-                               _req("fine", max_tokens=10, deadline_in_ms=5000)])
+        acks = s.submit_batch([make_sidecar_request("hopeless", max_tokens=1000, deadline_in_ms=300),
+                               make_sidecar_request("fine", max_tokens=10, deadline_in_ms=5000)])
         assert acks[0].reason is RefusalReason.DEADLINE_INFEASIBLE and not acks[0].accepted
         assert "after the deadline" in acks[0].detail and acks[0].fallback_text
         assert acks[1].accepted
-        await _until(lambda: len(results) == 6)
+        await until(lambda: len(results) == 6)
 
-    engine = _fast_engine(max_num_seqs=2)
+    engine = fast_engine(max_num_seqs=2)
     engine.config.step_base_ms = 5.0
-    results = asyncio.run(_with_scheduler(engine, SchedulerConfig(max_in_flight=2), body))
+    results = asyncio.run(with_scheduler(engine, SchedulerConfig(max_in_flight=2), body))
     by_id = {r.request_id: r for r in results}
     assert by_id["hopeless"].status == "shed" and by_id["fine"].status == "ok"
 
@@ -155,8 +156,8 @@ def test_pool_in_flight_and_token_limits_hold() -> None:
     seen_tokens = [0]
 
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        s.submit_batch([_req(f"l{i}", priority=LOW, max_tokens=30) for i in range(5)]
-                       + [_req(f"n{i}", priority=NORMAL, max_tokens=50) for i in range(5)])
+        s.submit_batch([make_sidecar_request(f"l{i}", priority=LOW, max_tokens=30) for i in range(5)]
+                       + [make_sidecar_request(f"n{i}", priority=NORMAL, max_tokens=50) for i in range(5)])
         while len(results) < 10:
             st = s.stats()
             for p, n in st.in_flight.items():
@@ -164,7 +165,7 @@ def test_pool_in_flight_and_token_limits_hold() -> None:
             seen_tokens[0] = max(seen_tokens[0], st.pools[NORMAL].tokens_in_flight)
             await asyncio.sleep(0.002)
 
-    asyncio.run(_with_scheduler(_fast_engine(max_num_seqs=8),
+    asyncio.run(with_scheduler(fast_engine(max_num_seqs=8),
                                 _config(max_in_flight=8, pools=pools), body))
     assert seen[LOW] == 1
     assert 1 <= seen[NORMAL] <= 2 and seen_tokens[0] <= 120  # 2 x (3 prompt + 50) fits, 3 not
@@ -174,13 +175,13 @@ def test_metrics_count_every_result_with_priority_status_and_reason() -> None:
     pools = {"low": {"max_queued": 1}}
 
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        s.submit_batch([_req(f"m{i}", priority=LOW, max_tokens=5) for i in range(3)])
-        await _until(lambda: len(results) == 3)
+        s.submit_batch([make_sidecar_request(f"m{i}", priority=LOW, max_tokens=5) for i in range(3)])
+        await until(lambda: len(results) == 3)
 
     metrics: list[SidecarMetrics] = []
 
     async def run() -> None:
-        engine = _fast_engine(max_num_seqs=1)
+        engine = fast_engine(max_num_seqs=1)
         await engine.start()
         scheduler = Scheduler(engine, lambda r: metrics[0].observe(r),
                               _config(max_in_flight=1, pools=pools), "metrics-test")
@@ -234,17 +235,17 @@ def test_cancelled_blocking_call_aborts_its_request_exactly_once() -> None:
     each with one terminal result, and the engine slot is freed for the next request."""
 
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        running = asyncio.create_task(s.generate(_req("gen-run", max_tokens=2000)))
-        queued = asyncio.create_task(s.generate(_req("gen-queued", max_tokens=2000)))
-        await _until(lambda: s.stats().in_flight[NORMAL] == 1 and s.stats().queued[NORMAL] == 1)
+        running = asyncio.create_task(s.generate(make_sidecar_request("gen-run", max_tokens=2000)))
+        queued = asyncio.create_task(s.generate(make_sidecar_request("gen-queued", max_tokens=2000)))
+        await until(lambda: s.stats().in_flight[NORMAL] == 1 and s.stats().queued[NORMAL] == 1)
         running.cancel()
         queued.cancel()
         await asyncio.gather(running, queued, return_exceptions=True)
-        await _until(lambda: len(results) == 2)
-        after = await s.generate(_req("gen-after", max_tokens=3))
+        await until(lambda: len(results) == 2)
+        after = await s.generate(make_sidecar_request("gen-after", max_tokens=3))
         assert after.status == "ok"
 
-    results = asyncio.run(_with_scheduler(_fast_engine(max_num_seqs=1),
+    results = asyncio.run(with_scheduler(fast_engine(max_num_seqs=1),
                                           _config(max_in_flight=1), body))
     by_id = collections.Counter(r.request_id for r in results)
     assert by_id == {"gen-run": 1, "gen-queued": 1, "gen-after": 1}

@@ -30,8 +30,11 @@ class SidecarProcess:
     sends SIGTERM (the sidecar drains), waits ``stop_timeout_s``, then kills.
 
     Example:
-        >>> with SidecarProcess(Path("results"), ["--engine", "simulated"]) as sc:  # doctest: +SKIP
-        ...     sc.client.stats()
+        >>> import tempfile
+        >>> with SidecarProcess(Path(tempfile.mkdtemp()) / "results",
+        ...                     ["--engine", "simulated"]) as sc:
+        ...     sc.client.stats().engine
+        'simulated'
     """
 
     def __init__(self, results_dir: Path, args: Sequence[str] = (), *,
@@ -69,12 +72,6 @@ class SidecarProcess:
             time.sleep(0.5)
         self.__exit__(None, None, None)
         raise TimeoutError(f"sidecar not serving after {self.start_timeout_s}s: {self.tail_log()}")
-
-    def sigterm(self, timeout_s: float = 120.0) -> int:
-        """Send SIGTERM and return the exit code."""
-        assert self.proc is not None
-        self.proc.terminate()
-        return self.proc.wait(timeout_s)
 
     def tail_log(self, n: int = 4000) -> str:
         try:

@@ -10,56 +10,26 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sidecar.config import SchedulerConfig
-from sidecar.engine import EngineProgress, EngineRequest
-from sidecar.request_state import Priority, RefusalReason, ResultRecord, SidecarRequest, now_ms
+from sidecar.contract import PRIORITY_NAMES, Priority, RefusalReason
+from sidecar.engines import EngineProgress, EngineRequest
+from sidecar.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from sidecar.request_state import ResultRecord
 from sidecar.scheduler import Scheduler
-from sidecar.simulated_engine import SimulatedEngine, SimulatedEngineConfig
+from tests.utils import fast_engine, make_sidecar_request, until, with_scheduler
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _req(rid: str, *, priority: Priority = Priority.NORMAL, max_tokens: int = 10,
-         deadline_in_ms: int = 30_000, prompt: str = "hello there") -> SidecarRequest:
-    now = now_ms()
-    return SidecarRequest(request_id=rid, trace_id="t", priority=priority, enqueue_ts=now,
-                          deadline_ts=now + deadline_in_ms, model="", prompt=prompt,
-                          max_tokens=max_tokens, temperature=0.0)
-
-
-async def _with_scheduler(engine, config: SchedulerConfig, body):
-    results: list[ResultRecord] = []
-    await engine.start()
-    scheduler = Scheduler(engine, results.append, config, "test")
-    scheduler.start()
-    try:
-        await body(scheduler, results)
-    finally:
-        await scheduler.abort_all()
-        await engine.shutdown()
-    return results
-
-
-async def _until(predicate, timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
-def _fast_engine(**kw) -> SimulatedEngine:
-    return SimulatedEngine(SimulatedEngineConfig(step_base_ms=1.0, step_per_seq_ms=0.0, **kw))
-
-
 def test_queue_full_sheds_at_once() -> None:
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        acks = s.submit_batch([_req(f"q{i}", max_tokens=50) for i in range(6)])
+        acks = s.submit_batch([make_sidecar_request(f"q{i}", max_tokens=50) for i in range(6)])
         assert [a.accepted for a in acks] == [True] * 3 + [False] * 3
         assert {a.reason for a in acks[3:]} == {RefusalReason.QUEUE_FULL}
         assert [r.status for r in results] == ["shed"] * 3  # refusals land before any work
-        await _until(lambda: len(results) == 6)
+        await until(lambda: len(results) == 6)
 
-    results = asyncio.run(_with_scheduler(
-        _fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1, pools={"normal": {"max_queued": 3}}), body))
+    results = asyncio.run(with_scheduler(
+        fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1, pools={"normal": {"max_queued": 3}}), body))
     assert sorted(r.request_id for r in results) == [f"q{i}" for i in range(6)]
 
 
@@ -69,17 +39,17 @@ def test_every_request_ends_exactly_once_under_overload() -> None:
 
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
         for start in range(0, n, 30):
-            s.submit_batch([_req(f"o{i}", priority=rng.choice(list(Priority)),
+            s.submit_batch([make_sidecar_request(f"o{i}", priority=rng.choice(list(Priority)),
                                  max_tokens=rng.choice([5, 20, 80, 400]),
                                  deadline_in_ms=rng.choice([50, 300, 2000]))
                             for i in range(start, start + 30)])
             await asyncio.sleep(0.02)
-        await _until(lambda: len(results) == n, 30)
+        await until(lambda: len(results) == n, 30)
         stats = s.stats()
         assert sum(stats.queued.values()) == sum(stats.in_flight.values()) == 0
 
-    results = asyncio.run(_with_scheduler(
-        _fast_engine(max_num_seqs=8), SchedulerConfig(max_in_flight=8, pools={p: {"max_queued": 40} for p in ("high", "normal", "low")}), body))
+    results = asyncio.run(with_scheduler(
+        fast_engine(max_num_seqs=8), SchedulerConfig(max_in_flight=8, pools={p: {"max_queued": 40} for p in PRIORITY_NAMES}), body))
     ids = [r.request_id for r in results]
     assert len(ids) == len(set(ids)) == n
     statuses = {r.status for r in results}
@@ -88,27 +58,27 @@ def test_every_request_ends_exactly_once_under_overload() -> None:
 
 def test_high_runs_before_queued_low_on_simulated_engine() -> None:
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        s.submit_batch([_req(f"low{i}", priority=Priority.LOW, max_tokens=30) for i in range(4)])
+        s.submit_batch([make_sidecar_request(f"low{i}", priority=Priority.LOW, max_tokens=30) for i in range(4)])
         await asyncio.sleep(0.005)
-        s.submit_batch([_req("high", priority=Priority.HIGH, max_tokens=30)])
-        await _until(lambda: len(results) == 5)
+        s.submit_batch([make_sidecar_request("high", priority=Priority.HIGH, max_tokens=30)])
+        await until(lambda: len(results) == 5)
 
-    results = asyncio.run(_with_scheduler(
-        _fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1), body))
+    results = asyncio.run(with_scheduler(
+        fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1), body))
     order = [r.request_id for r in results]
     assert order.index("high") <= 1, order
 
 
 def test_drain_timeout_aborts_leftovers_with_one_result_each() -> None:
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        s.submit_batch([_req(f"d{i}", max_tokens=2000) for i in range(3)])
+        s.submit_batch([make_sidecar_request(f"d{i}", max_tokens=2000) for i in range(3)])
         await asyncio.sleep(0.05)
         await s.drain(timeout_s=0.1)
-        late = s.submit_batch([_req("after-drain")])[0]
+        late = s.submit_batch([make_sidecar_request("after-drain")])[0]
         assert late.reason is RefusalReason.DRAINING
 
-    results = asyncio.run(_with_scheduler(
-        _fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1), body))
+    results = asyncio.run(with_scheduler(
+        fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1), body))
     by_id = {r.request_id: r for r in results}
     assert len(by_id) == len(results) == 4
     assert {by_id[f"d{i}"].status for i in range(3)} == {"error"}
@@ -128,12 +98,12 @@ class FailingEngine(SimulatedEngine):
 
 def test_engine_failure_is_an_error_row_not_a_crash() -> None:
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
-        s.submit_batch([_req(f"f{i}") for i in range(4)])
-        await _until(lambda: len(results) == 4)
-        s.submit_batch([_req("after")])
-        await _until(lambda: len(results) == 5)
+        s.submit_batch([make_sidecar_request(f"f{i}") for i in range(4)])
+        await until(lambda: len(results) == 4)
+        s.submit_batch([make_sidecar_request("after")])
+        await until(lambda: len(results) == 5)
 
-    results = asyncio.run(_with_scheduler(
+    results = asyncio.run(with_scheduler(
         FailingEngine(SimulatedEngineConfig(step_base_ms=1.0)), SchedulerConfig(), body))
     by_id = {r.request_id: r for r in results}
     assert by_id["f1"].status == by_id["f3"].status == "error"

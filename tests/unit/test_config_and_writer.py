@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from sidecar.config import ResultChannelConfig, SchedulerConfig, SidecarConfig
+from sidecar.contract import RESULT_SCHEMA
 from sidecar.model_prep import default_model_dir, is_prepared, prepare_default_model
 from sidecar.request_state import ResultRecord
-from sidecar.result_schema import RESULT_SCHEMA
 from sidecar.result_writer import ParquetResultWriter
 from tests.conftest import CONF
 

@@ -1,8 +1,8 @@
-"""The engine interface the scheduler drives, and the factory that builds one.
+"""The engine interface the scheduler drives.
 
-Two implementations: :class:`sidecar.vllm_engine.VllmEngine` (real generation
-with vLLM's ``AsyncLLM``) and :class:`sidecar.simulated_engine.SimulatedEngine`
-(a timing model of a continuous-batching GPU engine, for load tests).
+Implementations live beside this module: :mod:`sidecar.engines.vllm` (real
+generation with vLLM's ``AsyncLLM``) and :mod:`sidecar.engines.simulated` (a
+timing model of a continuous-batching GPU engine, for load tests).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from sidecar.config import EngineConfig
+from sidecar.contract import FinishReason
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class EngineProgress:
     output_tokens: int
     cached_tokens: int
     finished: bool
-    finish_reason: str | None = None
-    """``stop`` or ``length`` once finished."""
+    finish_reason: FinishReason | None = None
+    """``STOP`` or ``LENGTH`` once finished."""
 
 
 @dataclass
@@ -85,20 +85,3 @@ class Engine(abc.ABC):
 
     def stats(self) -> EngineStats:
         return EngineStats()
-
-
-def build_engine(config: EngineConfig) -> Engine:
-    """Build the engine ``config.kind`` names (imports vLLM only when needed)."""
-    if config.kind == "simulated":
-        from sidecar.simulated_engine import (
-            SimulatedCluster,
-            SimulatedEngine,
-            SimulatedEngineConfig,
-        )
-
-        sim = SimulatedEngineConfig(**config.simulated)
-        cls = SimulatedCluster if sim.replicas > 1 else SimulatedEngine
-        return cls(sim, served_model_name=config.served_model_name)
-    from sidecar.vllm_engine import VllmEngine
-
-    return VllmEngine(config)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import time
+import signal
 from pathlib import Path
 
 import pytest
 
+from sidecar.contract import PRIORITY_NAMES
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from tests.conftest import CONF
-from tests.utils import RemoteSidecar, make_request, read_results
+from tests.utils import RemoteSidecar, make_request, read_results, wait_until
 
 TICKETS = [
     "My card was charged twice for the same order. What should I do?",
@@ -30,12 +31,13 @@ def test_smollm2_answers_and_sigterm_drains(tmp_path: Path, smollm2_dir: Path) -
     ids = [f"smol-{i}" for i in range(len(prompts))]
     with RemoteSidecar(results, ["--config", str(CONF), "--sidecar-id", "smol"]) as sidecar:
         reply = sidecar.client.submit(
-            [make_request(rid, prompt=p, max_tokens=48, priority=["high", "normal", "low"][i % 3])
+            [make_request(rid, prompt=p, max_tokens=48, priority=PRIORITY_NAMES[i % 3])
              for i, (rid, p) in enumerate(zip(ids, prompts))])
         assert all(a.accepted for a in reply.acks)
-        time.sleep(0.3)
-        sidecar.proc.send_signal(__import__("signal").SIGTERM)
-        time.sleep(0.5)
+        wait_until(lambda: sum(p.in_flight for p in sidecar.client.stats().pools),
+                   what="generation started")
+        sidecar.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: sidecar.client.stats().draining, what="draining")
         late = sidecar.client.submit([make_request("smol-late")]).acks[0]
         assert (late.accepted, late.reason) == (False, pb.REFUSAL_REASON_DRAINING)
         assert sidecar.proc.wait(180) == 0, sidecar.tail_log()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from benchmarks.loadgen import collect, report, send_load
 from benchmarks.profiles import TrafficProfile
-from tests.utils import RemoteSidecar, free_port
+from tests.utils import REPO, RemoteSidecar, free_port, read_results
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -109,8 +110,6 @@ def test_memory_stays_bounded(overload_outcome: dict) -> None:
 
 def test_refusals_carry_the_pool_fallback_text(sim_sidecar: RemoteSidecar,
                                                overload_outcome: dict) -> None:
-    from tests.utils import read_results
-
     shed = [r for r in read_results(sim_sidecar.results_dir) if r["status"] == "shed"]
     assert shed and all(r["fallback_text"] and r["reason"] for r in shed)
     low = next(r for r in shed if r["priority"] == "low")
@@ -151,10 +150,6 @@ def test_stats_rpc_reports_the_same_pools(sim_sidecar: RemoteSidecar,
 
 def test_sidecar_stats_cli_prints_the_pools(sim_sidecar: RemoteSidecar,
                                             overload_outcome: dict) -> None:
-    import sys
-
-    from tests.utils import REPO
-
     out = subprocess.run([sys.executable, "-m", "sidecar.cli", "sidecar-stats", "--target",
                           sim_sidecar.target], cwd=REPO, capture_output=True, text=True,
                          timeout=60)

@@ -8,7 +8,13 @@ import grpc
 import pytest
 
 from sidecar.pb.sts.v1 import inference_pb2 as pb
-from tests.utils import RemoteSidecar, make_request, read_results, wait_for_results
+from tests.utils import (
+    RemoteSidecar,
+    make_request,
+    read_results,
+    wait_for_results,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -75,16 +81,23 @@ def test_deadline_passes_while_queued(tiny_sidecar: RemoteSidecar) -> None:
 
 def test_duplicate_request_id_is_generated_once(tiny_sidecar: RemoteSidecar) -> None:
     rid = "dup-1"
+    before = tiny_sidecar.client.stats().duplicates
     first = tiny_sidecar.client.submit([make_request(rid), make_request(rid)])
     second = tiny_sidecar.client.submit([make_request(rid)])
     assert [(a.accepted, a.duplicate) for a in first.acks] == [(True, False), (True, True)]
     assert [(a.accepted, a.duplicate) for a in second.acks] == [(True, True)]
-    wait_for_results(tiny_sidecar.results_dir, {rid})
-    time.sleep(0.5)  # give a (wrong) second result time to land
+    # A wrong second copy would have been admitted with the first; a later request
+    # that queues behind both is the barrier after which it would have landed.
+    tiny_sidecar.client.submit([make_request("dup-1-barrier", max_tokens=4)])
+    wait_for_results(tiny_sidecar.results_dir, {rid, "dup-1-barrier"})
+    wait_until(lambda: not _busy(tiny_sidecar), what="sidecar idle")
     rows = [r for r in read_results(tiny_sidecar.results_dir) if r["request_id"] == rid]
     assert len(rows) == 1
-    stats = tiny_sidecar.client.stats()
-    assert stats.duplicates >= 2
+    assert tiny_sidecar.client.stats().duplicates - before == 2
+
+
+def _busy(sidecar: RemoteSidecar) -> int:
+    return sum(p.queued + p.in_flight for p in sidecar.client.stats().pools)
 
 
 def test_replay_of_refused_request_repeats_refusal(tiny_sidecar: RemoteSidecar) -> None:
@@ -140,11 +153,14 @@ def test_empty_batch_and_stats(tiny_sidecar: RemoteSidecar) -> None:
     assert list(tiny_sidecar.client.submit([]).acks) == []
     tiny_sidecar.client.submit([make_request("stats-1")])
     wait_for_results(tiny_sidecar.results_dir, {"stats-1"})
+    before = tiny_sidecar.client.stats()
+    tiny_sidecar.client.submit([make_request("stats-2")])
+    wait_for_results(tiny_sidecar.results_dir, {"stats-2"})
     stats = tiny_sidecar.client.stats()
-    assert stats.results_by_status["ok"] >= 1
-    assert stats.prompt_tokens_total > 0
+    assert stats.results_by_status["ok"] - before.results_by_status["ok"] == 1
+    assert stats.prompt_tokens_total > before.prompt_tokens_total
     assert stats.engine == "vllm"
-    assert stats.submitted >= 1
+    assert stats.submitted - before.submitted == 1
     assert [p.priority for p in stats.pools] == [
         pb.PRIORITY_HIGH, pb.PRIORITY_NORMAL, pb.PRIORITY_LOW]
 

@@ -23,7 +23,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from sidecar.engine import Engine, EngineProgress, EngineRequest, EngineStats
+from sidecar.contract import FinishReason
+from sidecar.engines.base import Engine, EngineProgress, EngineRequest, EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class SimulatedEngine(Engine):
                         output_tokens=seq.generated,
                         cached_tokens=0,
                         finished=done,
-                        finish_reason="length" if done else None,
+                        finish_reason=FinishReason.LENGTH if done else None,
                     ))
                 if done:
                     del self._running[rid]

@@ -1,4 +1,4 @@
-"""Read the Parquet result channel outside Spark (load generator, CLI, tests)."""
+"""Read the Parquet result channel outside Spark, and check exactly-once delivery."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import time
 from pathlib import Path
 
 import pyarrow.dataset as ds
+
+
+class DuplicateResultError(AssertionError):
+    """A request id has two result rows: exactly-once delivery is broken."""
 
 
 def read_results(results_dir: str | Path) -> list[dict]:
@@ -16,21 +20,34 @@ def read_results(results_dir: str | Path) -> list[dict]:
     return ds.dataset(files, format="parquet").to_table().to_pylist()
 
 
+def results_by_id(rows: list[dict], request_ids: set[str] | None = None) -> dict[str, dict]:
+    """Rows keyed by ``request_id`` (only ``request_ids`` when given).
+
+    Raises:
+        DuplicateResultError: an id has two rows.
+    """
+    by_id: dict[str, dict] = {}
+    for row in rows:
+        rid = row["request_id"]
+        if request_ids is not None and rid not in request_ids:
+            continue
+        if rid in by_id:
+            raise DuplicateResultError(f"{rid} has two results")
+        by_id[rid] = row
+    return by_id
+
+
 def wait_for_results(results_dir: str | Path, request_ids: set[str], timeout_s: float = 60.0
                      ) -> dict[str, dict]:
     """Poll until every id has a result row; return them by id.
 
     Raises:
-        AssertionError: an id has two result rows (exactly-once is broken).
+        DuplicateResultError: an id has two result rows.
         TimeoutError: some ids have no result after ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        rows = [r for r in read_results(results_dir) if r["request_id"] in request_ids]
-        by_id: dict[str, dict] = {}
-        for row in rows:
-            assert row["request_id"] not in by_id, f"{row['request_id']} has two results"
-            by_id[row["request_id"]] = row
+        by_id = results_by_id(read_results(results_dir), request_ids)
         if set(by_id) == request_ids:
             return by_id
         if time.monotonic() > deadline:

@@ -17,7 +17,7 @@ from spark_ext.pipeline import StsPipeline
 from spark_ext.submit import submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
-from tests.utils import REPO, RemoteSidecar, free_port
+from tests.utils import REPO, RemoteSidecar, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -151,11 +151,11 @@ def test_pipeline_answers_with_llm_and_replay_writes_nothing_twice(
     pipeline.start()
     try:
         pipeline.process_all_available()
-        time.sleep(1.0)
+        wait_until(lambda: tiny_sidecar.client.stats().duplicates >= before + 6,
+                   what="the re-run batch reaching the sidecar")
         pipeline.process_all_available()
     finally:
         pipeline.stop()
-    assert tiny_sidecar.client.stats().duplicates >= before + 6, "batch was not replayed"
     assert len(_answers(pipeline)) == 6
     assert DeltaTable(cfg.output.table("requests")).to_pyarrow_table().num_rows == 6
 

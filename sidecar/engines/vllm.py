@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config import EngineConfig
-from sidecar.engine import Engine, EngineProgress, EngineRequest, EngineStats
+from sidecar.contract import FinishReason
+from sidecar.engines.base import Engine, EngineProgress, EngineRequest, EngineStats
 from sidecar.exceptions import EngineDeadError, EngineStartError
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,10 @@ def _stat_logger_factory(counters: _EngineCounters) -> Any:
     return lambda vllm_config, engine_index=0: _CounterStatLogger(vllm_config, engine_index)
 
 
+#: vLLM's finish reasons as ours (anything else that ends a stream counts as ``stop``).
+_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
+                   "abort": FinishReason.ABORT}
+
 _PLACEHOLDER = "\x00STS_PROMPT\x00"
 
 
@@ -89,9 +94,10 @@ class VllmEngine(Engine):
         config: ``config.model`` is a local model folder (default: the prepared
             SmolLM2); ``config.engine_args`` override the ``AsyncEngineArgs`` defaults.
 
-    Example:
-        >>> engine = VllmEngine(EngineConfig(engine_args={"max_num_seqs": 4}))  # doctest: +SKIP
-        >>> await engine.start()  # doctest: +SKIP
+    Usage::
+
+        engine = VllmEngine(EngineConfig(engine_args={"max_num_seqs": 4}))
+        await engine.start()
     """
 
     kind = "vllm"
@@ -182,7 +188,9 @@ class VllmEngine(Engine):
                     output_tokens=len(completion.token_ids),
                     cached_tokens=out.num_cached_tokens or 0,
                     finished=out.finished,
-                    finish_reason=completion.finish_reason,
+                    finish_reason=(_FINISH_REASONS.get(completion.finish_reason or "",
+                                                       FinishReason.STOP)
+                                   if out.finished else None),
                 )
         except VllmEngineDeadError as e:
             raise EngineDeadError(str(e)) from e

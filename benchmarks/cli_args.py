@@ -1,0 +1,54 @@
+"""Arguments of the benchmarks' ``sts`` subcommands, kept apart from the benchmark
+code so that building the ``sts`` parser imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+
+SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
+
+DEFAULT_TOKENS_PER_S = 3400.0
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``sts bench``."""
+    p.add_argument("--profile", default="cpu-small", help="conf/profiles/<name>.yaml or a path")
+    p.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
+    p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
+    p.add_argument("--rates", help="comma-separated offered events/s (default: profile x 0.5..4)")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds per run")
+    p.add_argument("--schemes", default=",".join(SCHEMES),
+                   help=f"comma-separated subset of {','.join(SCHEMES)}")
+    p.add_argument("--trigger", type=float, default=1.0, help="micro-batch trigger, seconds")
+    p.add_argument("--out", default="./sts-bench", help="output folder (bench.json, *.png)")
+    p.add_argument("--knee", action="store_true",
+                   help="sidecar alone over a finer ladder; report the P99 knee")
+    p.add_argument("--sidecar-config", help="sidecar YAML (default conf/sidecar.yaml)")
+    p.add_argument("--sidecar-arg", action="append", default=[], dest="sidecar_args",
+                   help="extra `sts sidecar` argument (repeat), e.g. --sidecar-arg=--set "
+                        "--sidecar-arg=engine.simulated.replicas=8")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``sts plan`` options to ``parser`` (returned for chaining)."""
+    parser.add_argument("--profile", required=True,
+                        help="traffic profile: a name in conf/profiles (e.g. seed-200qps) "
+                             "or a YAML path")
+    parser.add_argument("--tokens-per-s", type=float, default=DEFAULT_TOKENS_PER_S,
+                        help="output tokens/s one GPU sustains (default 3400: Llama-3.1-8B "
+                             "on one H100, vLLM, ~3,400 output tok/s; replace with your "
+                             "measured figure)")
+    parser.add_argument("--utilisation", type=float, default=0.7,
+                        help="target utilisation at peak, in (0, 1] (seed: 0.6-0.75; "
+                             "default 0.7)")
+    parser.add_argument("--peak-qps", type=float, default=None,
+                        help="plan for this peak instead of the profile's")
+    parser.add_argument("--api-price-out", type=float, default=None,
+                        help="API price, $ per million output tokens")
+    parser.add_argument("--api-price-in", type=float, default=None,
+                        help="API price, $ per million input tokens (default 0)")
+    parser.add_argument("--gpu-hour-price", type=float, default=None,
+                        help="$ per GPU-hour")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return parser

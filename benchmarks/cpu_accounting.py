@@ -1,0 +1,66 @@
+"""CPU pinning and CPU-time accounting for benchmarks (Linux ``/proc``), and the
+machine description that goes into their JSON results.
+
+Example:
+    >>> pid_cpu = process_cpu_s(os.getpid())
+    >>> pid_cpu is None or pid_cpu >= 0
+    True
+    >>> sorted(machine_info())[:3]
+    ['cpu_count', 'cpu_model', 'grpc']
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+
+def pin_threads(cores: set[int]) -> None:
+    """Set the CPU affinity of every thread of this process (Linux: per thread)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds of process ``pid`` (all threads), from /proc;
+    ``None`` when it cannot be read (no such process, no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU count, usable cores, platform and versions (goes into the JSON result)."""
+    model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_count": os.cpu_count(),
+        "usable_cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else None,
+        "cpu_model": model,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "grpc": grpc.__version__,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }

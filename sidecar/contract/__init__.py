@@ -1,0 +1,50 @@
+"""The contract between the sidecar and its readers (the Spark side, benchmarks, tools).
+
+This is the only part of the ``sidecar`` package, besides :mod:`sidecar.client` and
+the generated wire code in :mod:`sidecar.pb`, that other packages import: the
+result schema, the wire enums, the clock, atomic landing-folder writes and the
+config-file loader.
+"""
+
+# From sidecar.contract.clock
+from sidecar.contract.clock import now_ms
+
+# From sidecar.contract.config_files
+from sidecar.contract.config_files import as_dataclass, build_sections, read_yaml
+
+# From sidecar.contract.files
+from sidecar.contract.files import (
+    write_atomically,
+    write_parquet_atomically,
+    write_text_atomically,
+)
+
+# From sidecar.contract.schema
+from sidecar.contract.schema import RESULT_SCHEMA
+
+# From sidecar.contract.wire
+from sidecar.contract.wire import (
+    PRIORITY_NAMES,
+    STATUSES,
+    FinishReason,
+    Priority,
+    RefusalReason,
+    Status,
+)
+
+__all__ = [
+    "PRIORITY_NAMES",
+    "RESULT_SCHEMA",
+    "STATUSES",
+    "FinishReason",
+    "Priority",
+    "RefusalReason",
+    "Status",
+    "as_dataclass",
+    "build_sections",
+    "now_ms",
+    "read_yaml",
+    "write_atomically",
+    "write_parquet_atomically",
+    "write_text_atomically",
+]

@@ -1,0 +1,107 @@
+"""The scheduler's counters and the snapshots the Stats RPC and ``/metrics`` report."""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+from sidecar.contract import STATUSES, Priority, RefusalReason
+from sidecar.engines import EngineStats
+from sidecar.request_state import ResultRecord
+
+#: Output tokens/s is measured over the requests finished in this many seconds.
+TOKEN_RATE_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """Live figures of one pool."""
+
+    queued: int
+    in_flight: int
+    tokens_in_flight: int
+    max_queued: int
+    max_in_flight: int
+    max_tokens_in_flight: int
+    max_queue_delay_ms: int
+    estimated_queue_wait_s: float
+    ttft_s: float
+    tpot_s: float
+    shed_by_reason: dict[str, int]
+    results_by_status: dict[str, int]
+    met_deadline: int
+
+
+@dataclass
+class SchedulerStats:
+    """Live figures (what the Stats RPC and ``/metrics`` report)."""
+
+    pools: dict[Priority, PoolSnapshot]
+    engine: EngineStats
+    submitted: int
+    accepted: int
+    duplicates: int
+    results_by_status: dict[str, int]
+    refusals_by_reason: dict[str, int]
+    output_tokens_per_s: float
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    draining: bool
+
+    @property
+    def queued(self) -> dict[Priority, int]:
+        return {p: s.queued for p, s in self.pools.items()}
+
+    @property
+    def in_flight(self) -> dict[Priority, int]:
+        return {p: s.in_flight for p, s in self.pools.items()}
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """From the engine's own prefix-cache counters when it keeps them (vLLM),
+        else cached over prompt tokens of finished requests."""
+        if self.engine.prefix_cache_queries:
+            return (self.engine.prefix_cache_hits or 0) / self.engine.prefix_cache_queries
+        if not self.prompt_tokens_total:
+            return 0.0
+        return self.cached_tokens_total / self.prompt_tokens_total
+
+    @property
+    def tokens_in_flight(self) -> int:
+        return sum(p.tokens_in_flight for p in self.pools.values())
+
+
+@dataclass
+class SchedulerCounters:
+    """Cumulative counters of one scheduler, and the recent output-token rate."""
+
+    submitted: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    results_by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
+    refusals_by_reason: dict[str, int] = field(
+        default_factory=lambda: {str(r): 0 for r in RefusalReason})
+    _token_events: collections.deque[tuple[float, int]] = field(
+        default_factory=collections.deque, repr=False)
+
+    def refused(self, reason: RefusalReason) -> None:
+        self.refusals_by_reason[str(reason)] += 1
+
+    def finished(self, record: ResultRecord) -> None:
+        """Count one terminal result."""
+        self.results_by_status[record.status] += 1
+        if record.output_tokens:
+            self._token_events.append((time.monotonic(), record.output_tokens))
+            self._trim()  # bounded even when nobody reads the stats
+
+    def output_tokens_per_s(self) -> float:
+        self._trim()
+        return sum(n for _, n in self._token_events) / TOKEN_RATE_WINDOW_S
+
+    def _trim(self) -> None:
+        cutoff = time.monotonic() - TOKEN_RATE_WINDOW_S
+        while self._token_events and self._token_events[0][0] < cutoff:
+            self._token_events.popleft()

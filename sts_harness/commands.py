@@ -1,0 +1,47 @@
+"""The harness's ``sts`` subcommand: ``demo``. Registered through ``sts.commands``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+#: What a command prints when the ``spark`` extra is not installed.
+SPARK_EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark]'"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``sts demo`` to the ``sts`` parser."""
+    demo = sub.add_parser("demo", help="run the whole system end to end on this machine")
+    demo.add_argument("--rate", type=float, default=3.0, help="events per second")
+    demo.add_argument("--duration", type=float, default=40.0, help="seconds of replay")
+    demo.add_argument("--out", default="./sts-demo",
+                      help="output folder; an existing one must be empty or an earlier demo's")
+    demo.add_argument("--overwrite", action="store_true",
+                      help="replace an earlier demo's output in --out")
+    demo.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
+    demo.add_argument("--max-tokens", type=int, default=48)
+    demo.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    try:
+        import pyspark  # noqa: F401
+
+        from sts_harness.demo import DemoOptions, print_summary, run_demo
+    except ImportError as e:
+        print(f"sts demo: needs module {e.name!r}; {SPARK_EXTRA_HINT}", file=sys.stderr)
+        return 2
+    try:
+        opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
+                           engine=args.engine, max_tokens=args.max_tokens,
+                           overwrite=args.overwrite)
+    except ValueError as e:
+        print(f"sts demo: {e}", file=sys.stderr)
+        return 2
+    try:
+        summary = run_demo(opts)
+    except (FileExistsError, NotADirectoryError) as e:
+        print(f"sts demo: {e}", file=sys.stderr)
+        return 2
+    print_summary(summary)
+    return 0

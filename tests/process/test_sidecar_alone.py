@@ -1,0 +1,84 @@
+"""The sidecar installs and runs without the Spark side (what a GPU node image holds)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.client import SidecarClient
+from tests.utils import REPO, free_port, make_request, wait_for_results, wait_until
+
+#: Modules a sidecar-only install does not have.
+SPARK_SIDE = ("pyspark", "pandas", "numpy", "deltalake", "matplotlib", "spark_ext",
+              "sts_harness", "benchmarks")
+
+#: Modules building the ``sts`` parser may load from the packages above the sidecar.
+_REGISTRATION = ("sts_harness", "sts_harness.commands", "benchmarks", "benchmarks.commands",
+                 "benchmarks.cli_args")
+#: numpy is left out: pyarrow (a sidecar dependency) imports it when it is installed.
+_PARSER_PROBE = f"""
+import sys
+from sidecar.cli import build_parser
+build_parser()
+heavy = sorted(m for m in sys.modules
+               if m.split('.')[0] in {tuple(m for m in SPARK_SIDE if m != "numpy")!r}
+               + ('vllm', 'torch') and m not in {_REGISTRATION!r})
+print(heavy)
+"""
+
+
+def test_building_the_cli_imports_no_engine_or_spark_module() -> None:
+    """``sts sidecar`` on a GPU node must not load Spark, numpy or the benchmarks just to
+    parse its flags (each package registers its commands without heavy imports)."""
+    done = subprocess.run([sys.executable, "-c", _PARSER_PROBE], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -> None:
+    """Build the wheel, install it with its base dependencies only into a fresh venv, and
+    run ``sts sidecar --engine simulated`` from it: a request gets its result."""
+    dist, venv = tmp_path / "dist", tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(dist), str(REPO)], check=True, timeout=180)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    wheel = next(dist.glob("sts_spark-*.whl"))
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True,
+                   timeout=240)
+    py = str(venv / "bin" / "python")
+    missing = subprocess.run([py, "-c", "import importlib.util as u; print([m for m in "
+                              f"{SPARK_SIDE[:5]!r} if u.find_spec(m)])"],
+                             capture_output=True, text=True, check=True)
+    assert missing.stdout.strip() == "[]", "the base install pulled in the Spark side"
+
+    results, port = tmp_path / "results", free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.Popen([str(venv / "bin" / "sts"), "sidecar", "--engine", "simulated",
+                             "--listen", f"127.0.0.1:{port}", "--results-dir", str(results)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        with SidecarClient(f"127.0.0.1:{port}") as client:
+            wait_until(lambda: proc.poll() is not None or client.is_serving(), 60,
+                       what="sidecar serving")
+            assert proc.poll() is None, proc.stdout.read()
+            assert client.submit([make_request("alone-1")]).acks[0].accepted
+            row = wait_for_results(results, {"alone-1"})["alone-1"]
+            assert row["status"] == "ok"
+            assert client.stats().engine == "simulated"
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    usage = subprocess.run([str(venv / "bin" / "sts"), "demo", "--engine", "simulated"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2
+    assert "sts-spark[spark]" in usage.stderr and "Traceback" not in usage.stderr

@@ -1,0 +1,93 @@
+"""The servicer and the interceptors in process: a ``grpc.aio`` server on port 0 in the
+test's own event loop, a scheduler on a fast simulated engine, a real channel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from sidecar.config import SchedulerConfig
+from sidecar.contract import RefusalReason, Status, now_ms
+from sidecar.interceptors import ExceptionInterceptor
+from sidecar.pb.sts.v1 import inference_pb2 as pb
+from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
+from sidecar.request_state import ResultRecord
+from sidecar.scheduler import Scheduler
+from sidecar.servicer import InferenceServicer
+from tests.utils import fast_engine, until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _request(rid: str, **kw) -> pb.InferenceRequest:
+    now = now_ms()
+    fields = dict(request_id=rid, priority=pb.PRIORITY_NORMAL, enqueue_ts=now,
+                  deadline_ts=now + 30_000, prompt="hello", max_tokens=4)
+    fields.update(kw)
+    return pb.InferenceRequest(**fields)
+
+
+async def _serve(body) -> list[ResultRecord]:
+    results: list[ResultRecord] = []
+    engine = fast_engine(max_num_seqs=4)
+    await engine.start()
+    scheduler = Scheduler(engine, results.append, SchedulerConfig(max_in_flight=4), "inproc")
+    scheduler.start()
+    server = grpc.aio.server(interceptors=[ExceptionInterceptor()])
+    pb_grpc.add_InferenceServicer_to_server(
+        InferenceServicer(scheduler, engine_kind=engine.kind, started_at=0.0), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await body(channel, results)
+    finally:
+        await server.stop(None)
+        await scheduler.abort_all()
+        await engine.shutdown()
+    return results
+
+
+def test_submit_batch_acks_in_order_and_every_request_gets_one_result() -> None:
+    async def body(channel: grpc.aio.Channel, results: list[ResultRecord]) -> None:
+        stub = pb_grpc.InferenceStub(channel)
+        reply = await stub.SubmitBatch(pb.SubmitBatchRequest(requests=[
+            _request("a"), _request("b", prompt=""), _request("a"),
+            _request("c", priority=99)]))
+        assert [(a.request_id, a.accepted, a.duplicate) for a in reply.acks] == [
+            ("a", True, False), ("b", False, False), ("a", True, True), ("c", False, False)]
+        assert reply.acks[1].reason == RefusalReason.EMPTY_PROMPT
+        assert reply.acks[3].reason == RefusalReason.UNKNOWN_PRIORITY
+        assert reply.sidecar_id == "inproc"
+        await until(lambda: len(results) == 3)
+        stats = await stub.GetStats(pb.GetStatsRequest())
+        assert (stats.submitted, stats.accepted, stats.duplicates) == (4, 1, 1)
+        assert stats.engine == "simulated"
+
+    results = asyncio.run(_serve(body))
+    assert sorted((r.request_id, r.status) for r in results) == [
+        ("a", Status.OK), ("b", Status.REJECTED), ("c", Status.REJECTED)]
+
+
+def test_generate_returns_the_terminal_result() -> None:
+    async def body(channel: grpc.aio.Channel, results: list[ResultRecord]) -> None:
+        stub = pb_grpc.InferenceStub(channel)
+        result = await stub.Generate(_request("g", max_tokens=3))
+        assert (result.status, result.output_tokens, result.finish_reason) == (
+            pb.STATUS_OK, 3, "length")
+
+    asyncio.run(_serve(body))
+
+
+def test_interceptor_answers_garbage_with_invalid_argument() -> None:
+    async def body(channel: grpc.aio.Channel, results: list[ResultRecord]) -> None:
+        call = channel.unary_unary("/sts.v1.Inference/SubmitBatch")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(b"\xff\xff\xff not a protobuf")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        stub = pb_grpc.InferenceStub(channel)  # and the server still serves
+        assert (await stub.GetStats(pb.GetStatsRequest())).submitted == 0
+
+    asyncio.run(_serve(body))
