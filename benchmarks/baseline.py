@@ -32,7 +32,7 @@ from sidecar.client import SidecarClient, request_to_proto
 from sidecar.contract import Status, now_ms
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from spark_ext.config import PipelineConfig
-from spark_ext.sink import DeltaSink
+from spark_ext.answer_store import AnswerStore
 from spark_ext.tagging import REQUEST_COLUMNS, build_requests
 from spark_ext.template import PromptTemplate
 
@@ -69,7 +69,7 @@ class BlockingForeachBatch:
         self.config = config
         self.mode = mode
         self.state = BaselineState()
-        self.sink = DeltaSink(str(Path(config.output.out_dir) / "answers"))
+        self.store = AnswerStore(config.output.out_dir, key_columns=[])
         self._stop = threading.Event()
         self._client = SidecarClient(config.sidecar.endpoint, timeout_s=config.sidecar.timeout_s)
         self.query: StreamingQuery | None = None
@@ -81,13 +81,15 @@ class BlockingForeachBatch:
         template = PromptTemplate(stable=self.config.template.stable,
                                   dynamic=self.config.template.dynamic)
         requests = build_requests(events, self.config.tagging, template)
-        self.query = (requests.select(*REQUEST_COLUMNS).writeStream
-                      .queryName(f"baseline-{self.mode}")
-                      .foreachBatch(self._batch)
-                      .option("checkpointLocation",
-                              str(Path(self.config.output.checkpoint_dir) / "baseline"))
-                      .trigger(processingTime=f"{self.config.output.trigger_s} seconds")
-                      .start())
+        writer = (requests.select(*REQUEST_COLUMNS).writeStream
+                  .queryName(f"baseline-{self.mode}")
+                  .foreachBatch(self._batch)
+                  .option("checkpointLocation",
+                          str(Path(self.config.output.checkpoint_dir) / "baseline")))
+        seconds = self.config.output.triggers["submit"]
+        if seconds > 0:
+            writer = writer.trigger(processingTime=f"{seconds} seconds")
+        self.query = writer.start()
         return self.query
 
     def _request(self, row: dict) -> pb.InferenceRequest:
@@ -131,13 +133,14 @@ class BlockingForeachBatch:
                     result = None
                 answers.append(self._record(row, result))
         if answers:
-            self.sink.insert_new(pa.table({
+            self.store.append("answers", pa.table({
                 "request_id": [a.request_id for a in answers],
                 "priority": [a.priority for a in answers],
+                "enqueue_ts": [a.enqueue_ts for a in answers],
                 "answered_ts": [a.answered_ts for a in answers],
                 "latency_ms": [a.answered_ts - a.enqueue_ts for a in answers],
                 "ok": [a.ok for a in answers],
-            }))
+            }), app_id=f"baseline-{self.mode}/answers", version=batch_id)
         with self.state.lock:
             self.state.batch_durations_s.append(time.monotonic() - started)
 

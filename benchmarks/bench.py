@@ -25,6 +25,7 @@ from benchmarks.cli_args import SCHEMES
 from benchmarks.generate import generate
 from benchmarks.profiles import TrafficProfile, load_profile
 from benchmarks.schemes import RunContext, run_scheme
+from sts_harness.hops import format_hops
 from sidecar.contract import write_text_atomically
 
 #: Knee: the first rate where P99 exceeds this multiple of the baseline rate's P99,
@@ -50,7 +51,8 @@ class BenchOptions:
 
     duration_s: float = 30.0
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
-    trigger_s: float = 1.0
+    trigger_s: float = 0.0
+    """Micro-batch trigger of every query, seconds; 0 = as fast as possible."""
     out: str = "./sts-bench"
     knee: bool = False
     sidecar_config: str | None = None
@@ -189,6 +191,9 @@ def run_bench(opts: BenchOptions) -> dict:
                 result["wall_s"] = round(time.monotonic() - started, 1)
                 doc["runs"].append(result)
                 print(_row(result), flush=True)
+                if result.get("hops_ms"):
+                    print("\n".join("    " + line for line in format_hops(result["hops_ms"])),
+                          flush=True)
                 write_text_atomically(out / "bench.json", json.dumps(doc, indent=1))
     if opts.knee:
         doc["knee"] = find_knee([r for r in doc["runs"] if r["scheme"] == "engine"])

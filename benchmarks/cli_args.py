@@ -19,7 +19,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds per run")
     p.add_argument("--schemes", default=",".join(SCHEMES),
                    help=f"comma-separated subset of {','.join(SCHEMES)}")
-    p.add_argument("--trigger", type=float, default=1.0, help="micro-batch trigger, seconds")
+    p.add_argument("--trigger", type=float, default=0.0,
+                   help="micro-batch trigger of every query, seconds (0: as fast as possible)")
     p.add_argument("--out", default="./sts-bench", help="output folder (bench.json, *.png)")
     p.add_argument("--knee", action="store_true",
                    help="sidecar alone over a finer ladder; report the P99 knee")

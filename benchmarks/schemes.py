@@ -15,6 +15,7 @@ durations, engine output tokens/s.
 
 from __future__ import annotations
 
+import collections
 import logging
 import shutil
 import statistics
@@ -28,6 +29,7 @@ from benchmarks.loadgen import send_on_schedule
 from benchmarks.profiles import TrafficProfile
 from sidecar.client import SidecarClient
 from sidecar.contract import PRIORITY_NAMES
+from sts_harness.hops import hop_latencies
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer
 from sts_harness.result_check import read_results
 from sts_harness.stats import percentiles
@@ -183,10 +185,10 @@ def _pipeline_config(ctx: RunContext, run_dir: Path):
                     "max_tokens_column": "max_tokens"},
         "sidecar": {"endpoint": ctx.client.target, "results_dir": str(ctx.results_dir),
                     "timeout_s": 30.0},
-        "join": {"grace_ms": 1000, "results_watermark": "2 seconds"},
+        "answers": {"grace_ms": 1000},
         "output": {"out_dir": str(run_dir / "tables"),
                    "checkpoint_dir": str(run_dir / "checkpoints"),
-                   "acks_dir": str(run_dir / "acks"), "trigger_s": ctx.trigger_s},
+                   "triggers": {"submit": ctx.trigger_s, "answers": ctx.trigger_s}},
     })
 
 
@@ -203,32 +205,29 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
     replayer.start()
 
     def answered() -> list[dict]:
-        if not pipeline.answers.exists():
-            return []
-        return pipeline.answers.read(["request_id", "priority", "answer_source", "latency_ms",
-                                      "deadline_met", "answered_ts"]).to_pylist()
+        return pipeline.store.read("answers", [
+            "request_id", "priority", "answer_source", "latency_ms", "deadline_met",
+            "enqueue_ts", "submit_ts", "received_ts", "finish_ts", "answered_ts"]).to_pylist()
 
     try:
         end = time.monotonic() + ctx.duration_s
         while time.monotonic() < end:
             time.sleep(1.0)
-            sampler.sample(ctx.client, replayer.offered, len(answered()))
+            pipeline.check()
+            sampler.sample(ctx.client, replayer.offered, pipeline.store.stats.answers_written)
         replayer.join()
-        drain_end = time.monotonic() + max(ctx.profile.sla_ms.values()) / 1000 + 5
+        # Every request is answered by deadline + grace (the safety net runs on
+        # processing time), so waiting that long plus a margin is enough.
+        drain_end = time.monotonic() + (max(ctx.profile.sla_ms.values())
+                                        + config.answers.grace_ms) / 1000 + 10
         while time.monotonic() < drain_end:
-            rows = answered()
-            sampler.sample(ctx.client, replayer.offered, len(rows))
-            if len(rows) >= replayer.offered:
+            pipeline.check()
+            written = pipeline.store.stats.answers_written
+            sampler.sample(ctx.client, replayer.offered, written)
+            if written >= replayer.offered:
                 break
-            time.sleep(1.0)
-        pipeline.drain()  # close the last join windows: remaining requests get fallbacks
-        close_end = time.monotonic() + 30
-        while time.monotonic() < close_end:
-            time.sleep(1.0)
-            rows = answered()
-            sampler.sample(ctx.client, replayer.offered, len(rows))
-            if len(rows) >= replayer.offered:
-                break
+            time.sleep(0.5)
+        rows = answered()
         durations = [p["durationMs"].get("triggerExecution", 0) / 1000
                      for q in pipeline.queries if q.name == "sts-submit"
                      for p in q.recentProgress]
@@ -237,8 +236,11 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
         replayer.stop()
     answers = [Answer(r["priority"], float(r["latency_ms"]), bool(r["deadline_met"]),
                       r["answer_source"] == "llm", r["answered_ts"]) for r in rows]
-    return summarize("sts", rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
-                     durations)
+    result = summarize("sts", rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
+                       durations)
+    result["hops_ms"] = hop_latencies(rows)
+    result["answers_by_source"] = dict(collections.Counter(r["answer_source"] for r in rows))
+    return result
 
 
 def run_baseline(ctx: RunContext, rate: float, requests: list[GeneratedRequest],

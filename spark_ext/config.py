@@ -108,22 +108,38 @@ class SidecarEndpointConfig:
 
 
 @dataclass
-class JoinConfig:
-    """L4: matching results to requests."""
+class AnswersConfig:
+    """L4: how every request gets its one answer row."""
 
     grace_ms: int = 2000
-    """A result counts as on time until ``deadline_ts + grace_ms``."""
-
-    results_watermark: str = "5 seconds"
-    """How late result files may arrive relative to the newest one."""
+    """A request with no result row by ``deadline_ts + grace_ms`` is answered by the
+    safety net with the fallback (a result that comes later backfills it)."""
 
     fallback_text: str = ("Thanks for your message. An agent will get back to you shortly.")
-    """Rule fallback answer for requests without an on-time model answer."""
+    """Rule fallback answer when the sidecar sent none (unreachable, no result)."""
+
+    ledger_horizon_s: float = 3600.0
+    """How long answered ids are remembered to keep one answer per request and to
+    backfill late results; also how far back a restart looks for unanswered requests."""
+
+    safety_net_interval_s: float = 0.5
+    """How often the safety net looks for requests past ``deadline + grace``."""
+
+    def __post_init__(self) -> None:
+        if self.grace_ms < 0:
+            raise PipelineConfigError(f"{self.grace_ms=} must be >= 0")
+        if self.ledger_horizon_s <= 0 or self.safety_net_interval_s <= 0:
+            raise PipelineConfigError(
+                f"{self.ledger_horizon_s=} and {self.safety_net_interval_s=} must be > 0")
+
+
+#: Queries with their own trigger (``output.triggers``).
+QUERIES: tuple[str, ...] = ("submit", "answers")
 
 
 @dataclass
 class OutputConfig:
-    """Tables and checkpoints."""
+    """Tables, checkpoints and triggers."""
 
     out_dir: str = "./sts-demo/out"
     """Root of the Delta tables (``answers``, ``requests``, ``results``)."""
@@ -131,17 +147,44 @@ class OutputConfig:
     checkpoint_dir: str = "./sts-demo/checkpoints"
     """Root of the streaming checkpoints (one folder per query)."""
 
-    acks_dir: str = "./sts-demo/acks"
-    """Parquet landing of ack rows, read by the join query."""
+    triggers: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUERIES, 0.0))
+    """Processing-time trigger interval per query in seconds; 0 = as fast as
+    possible (the next micro-batch starts as soon as the last one ends)."""
 
-    trigger_s: float = 1.0
-    """Processing-time trigger interval of every query."""
+    def __post_init__(self) -> None:
+        if unknown := set(self.triggers) - set(QUERIES):
+            raise PipelineConfigError(f"output.triggers has unknown queries {sorted(unknown)}; "
+                                      f"known: {QUERIES}")
+        self.triggers = {q: float(self.triggers.get(q, 0.0)) for q in QUERIES}
+        if min(self.triggers.values()) < 0:
+            raise PipelineConfigError(f"{self.triggers=} must be >= 0 seconds")
 
     def table(self, name: str) -> str:
         return str(Path(self.out_dir) / name)
 
     def checkpoint(self, name: str) -> str:
         return str(Path(self.checkpoint_dir) / name)
+
+
+@dataclass
+class MaintenanceConfig:
+    """Upkeep the pipeline runs on a schedule, so tables and folders stay bounded."""
+
+    interval_s: float = 300.0
+    """How often the Delta tables are compacted and vacuumed."""
+
+    vacuum_retention_hours: int = 168
+    """Files no longer in a table are deleted when older than this."""
+
+    results_retention_s: float = 3600.0
+    """Result files are deleted this long after the answers query has read them."""
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.vacuum_retention_hours < 0 or \
+                self.results_retention_s < 0:
+            raise PipelineConfigError(
+                f"{self.interval_s=} must be > 0, {self.vacuum_retention_hours=} and "
+                f"{self.results_retention_s=} >= 0")
 
 
 @dataclass
@@ -152,12 +195,14 @@ class PipelineConfig:
     tagging: TaggingConfig = field(default_factory=TaggingConfig)
     template: TemplateConfig = field(default_factory=TemplateConfig)
     sidecar: SidecarEndpointConfig = field(default_factory=SidecarEndpointConfig)
-    join: JoinConfig = field(default_factory=JoinConfig)
+    answers: AnswersConfig = field(default_factory=AnswersConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     SECTIONS: ClassVar[dict[str, type]] = {
         "source": SourceConfig, "tagging": TaggingConfig, "template": TemplateConfig,
-        "sidecar": SidecarEndpointConfig, "join": JoinConfig, "output": OutputConfig,
+        "sidecar": SidecarEndpointConfig, "answers": AnswersConfig, "output": OutputConfig,
+        "maintenance": MaintenanceConfig,
     }
 
     @classmethod

@@ -11,3 +11,10 @@ class TemplateOrderError(StsSparkError, ValueError):
 
 class PipelineConfigError(StsSparkError, ValueError):
     """The pipeline configuration is invalid. Fix the config."""
+
+
+class PipelineFailedError(StsSparkError, RuntimeError):
+    """A query or a background part of the pipeline died; the pipeline stopped.
+
+    Unrecoverable for this run: restart the pipeline (it resumes from its checkpoints).
+    """

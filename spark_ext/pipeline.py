@@ -1,19 +1,33 @@
 """Wiring: the whole STS pipeline from one :class:`PipelineConfig`.
 
-Three streaming queries, none of which waits on the model:
+Two streaming queries, neither of which waits on the model, plus two driver-side
+tickers:
 
-``sts-submit``   events -> L1/L2 tagging -> SubmitBatch (mapInArrow) -> ack rows:
-                 acks landing (Parquet), ``requests`` table, and fallback answers
-                 for refused requests at once.
-``sts-answers``  acks LEFT OUTER JOIN results (watermarks, time bound) ->
-                 ``answers`` (``llm`` or ``fallback``).
-``sts-results``  results -> ``results`` table, and backfill of late ``ok`` results
-                 into ``answers``.
+``sts-submit``   events -> L1/L2 tagging -> SubmitBatch (``mapInArrow``) -> ack rows,
+                 materialised once per micro-batch: the ``requests`` table, a fallback
+                 answer at once for every refused request, and the accepted ones handed
+                 to the safety net.
+``sts-answers``  the sidecar's result rows (:mod:`spark_ext.results_source`) -> the
+                 ``results`` table and, statelessly, the answers: ``ok`` -> ``llm``,
+                 anything else -> ``fallback``; an ``ok`` row for a request already
+                 answered with the fallback (a late result) -> ``backfill``.
+safety net       every ``safety_net_interval_s``: accepted requests with no answer by
+                 ``deadline + grace`` -> ``fallback`` (``reason = no_result``), also
+                 when no result arrives at all (sidecar killed).
+maintenance      every ``maintenance.interval_s``: compaction and vacuum of the tables.
+
+Every write is an idempotent Delta append (app transaction = query + batch id), and
+the store's ledger keeps one answer row per request (:mod:`spark_ext.answer_store`).
+If a query or a ticker dies, the pipeline stops everything and :meth:`StsPipeline.check`
+raises :class:`~spark_ext.exceptions.PipelineFailedError` with a one-line reason.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,33 +35,26 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from sidecar.contract import RESULT_SCHEMA, now_ms, write_parquet_atomically
+from sidecar.contract import now_ms
+from spark_ext.answer_store import AnswerStore
+from spark_ext.answers import answers_from_refusals, answers_from_results
 from spark_ext.config import PipelineConfig
-from spark_ext.join import join_answers, refused_answers
-from spark_ext.results import HEARTBEAT_ID, read_results
-from spark_ext.sink import DeltaSink, backfill_answers
+from spark_ext.exceptions import PipelineFailedError
+from spark_ext.results_source import SOURCE_NAME, register_results_source
+from spark_ext.safety_net import SafetyNet, Ticker
 from spark_ext.submit import submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
 
 logger = logging.getLogger(__name__)
 
+#: Request attribute naming the pipeline that submitted it (echoed on its result).
+PIPELINE_ATTRIBUTE = "sts.pipeline"
 
-def stamp_answered(answers: pa.Table) -> pa.Table:
-    """Set ``answered_ts`` to now (when the answer lands in Delta), and derive
-    ``latency_ms`` and ``deadline_met`` from it: end-to-end as a reader sees it."""
-    now = now_ms()
-    n = answers.num_rows
-    enqueue = answers.column("enqueue_ts")
-    deadline = answers.column("deadline_ts")
-    replace = {
-        "answered_ts": pa.array([now] * n, pa.int64()),
-        "latency_ms": pc.subtract(pa.scalar(now, pa.int64()), enqueue),
-        "deadline_met": pc.less_equal(pa.scalar(now, pa.int64()), deadline),
-    }
-    for name, values in replace.items():
-        answers = answers.set_column(answers.schema.get_field_index(name), name, values)
-    return answers
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 class StsPipeline:
@@ -56,8 +63,9 @@ class StsPipeline:
     Usage::
 
         pipeline = StsPipeline(spark, PipelineConfig.from_yaml("conf/pipeline.yaml"))
-        queries = pipeline.start()
-        pipeline.drain(); pipeline.stop()
+        pipeline.start()
+        pipeline.await_termination(timeout_s=600)   # raises if a part died
+        pipeline.stop()
     """
 
     def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:
@@ -66,15 +74,27 @@ class StsPipeline:
         self.template = PromptTemplate(stable=config.template.stable,
                                        dynamic=config.template.dynamic)
         out = config.output
-        self.answers = DeltaSink(out.table("answers"))
-        self.requests_table = DeltaSink(out.table("requests"))
-        self.results_table = DeltaSink(out.table("results"))
+        self.store = AnswerStore(out.out_dir, key_columns=config.tagging.key_columns,
+                                 ledger_horizon_s=config.answers.ledger_horizon_s)
+        # Tags this pipeline's requests; stable across restarts of the same checkpoints.
+        self.pipeline_id = hashlib.sha1(
+            str(Path(out.checkpoint_dir).resolve()).encode()).hexdigest()[:12]
+        self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
+                                    fallback_text=config.answers.fallback_text,
+                                    app_id=self._app_id("safety-net", "answers"))
         self.queries: list[StreamingQuery] = []
-        folders = [out.acks_dir, config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
+        self.tickers: list[Ticker] = []
+        self.failure: str | None = None
+        self._stopping = threading.Event()
+        folders = [config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
         if config.source.format != "rate" and "://" not in config.source.path:
             folders.append(config.source.path)  # Spark's file source needs it to exist
         for d in folders:
             Path(d).mkdir(parents=True, exist_ok=True)
+
+    def _app_id(self, query: str, table: str) -> str:
+        """Delta app-transaction id: stable across restarts of the same checkpoints."""
+        return f"sts-{query}-{self.pipeline_id}/{table}"
 
     # -------------------------------------------------------------- DataFrames
 
@@ -90,85 +110,138 @@ class StsPipeline:
                               self.config.tagging, self.template)
 
     def acks(self, events: DataFrame | None = None) -> DataFrame:
-        return submit_requests(self.requests(events), self.config.sidecar)
+        return submit_requests(self.requests(events), self.config.sidecar,
+                               self.config.tagging.key_columns,
+                               {PIPELINE_ATTRIBUTE: self.pipeline_id})
+
+    def results(self) -> DataFrame:
+        register_results_source(self.spark)
+        return (self.spark.readStream.format(SOURCE_NAME)
+                .option("path", self.config.sidecar.results_dir)
+                .option("retentionSeconds", str(self.config.maintenance.results_retention_s))
+                .load())
 
     # -------------------------------------------------------------- batch writers
 
-    def _write_acks(self, batch: DataFrame, batch_id: int) -> None:
-        table = batch.toArrow()
+    def _write_submitted(self, batch: DataFrame, batch_id: int) -> None:
+        table = batch.toArrow()  # the one materialisation: one SubmitBatch per request
         if table.num_rows == 0:
             return
-        write_parquet_atomically(table, self.config.output.acks_dir, f"acks-{batch_id:09d}.parquet")
-        self.requests_table.insert_new(table)
-        refused = refused_answers(batch, self.config.join, self.config.tagging.key_columns)
-        self.answers.insert_new(stamp_answered(refused.toArrow()))
-
-    def _write_answers(self, batch: DataFrame, batch_id: int) -> None:
-        table = batch.toArrow()
-        if table.num_rows == 0:
-            return
-        self.answers.insert_new(stamp_answered(table))
-        # A result that reached the results table before this fallback row existed
-        # would be missed by the results query's backfill: merge it now (reading
-        # only this batch's fallback ids, not the whole table).
-        fallback_ids = table.filter(pc.equal(table.column("answer_source"), "fallback")
-                                    ).column("request_id").to_pylist()
-        if fallback_ids and self.results_table.exists():
-            backfill_answers(self.answers, self.results_table.read(
-                ["request_id", "status", "text", "finish_ts"],
-                filters=[("request_id", "in", fallback_ids)]))
+        self.store.append("requests", table, app_id=self._app_id("submit", "requests"),
+                          version=batch_id)
+        answers = self.config.answers
+        self.store.record_answers(
+            answers_from_refusals(table, key_columns=self.config.tagging.key_columns,
+                                  fallback_text=answers.fallback_text),
+            app_id=self._app_id("submit", "answers"), version=batch_id)
+        accepted = table.filter(pc.fill_null(table.column("accepted"), False))
+        self.safety_net.watch(accepted.to_pylist())
 
     def _write_results(self, batch: DataFrame, batch_id: int) -> None:
-        table = batch.drop("result_time").toArrow()
-        table = table.filter(pc.not_equal(table.column("request_id"), HEARTBEAT_ID))
+        table = batch.toArrow()
+        if table.num_rows:  # results of other pipelines sharing the folder are not ours
+            mine = pc.equal(pc.map_lookup(table.column("attributes"), PIPELINE_ATTRIBUTE,
+                                          "first"), self.pipeline_id)
+            table = table.filter(pc.fill_null(mine, False))
         if table.num_rows == 0:
             return
-        self.results_table.insert_new(table)
-        backfill_answers(self.answers, table)
+        self.store.append("results", table, app_id=self._app_id("answers", "results"),
+                          version=batch_id)
+        late = pc.fill_null(table.column("late"), False) if "late" in table.column_names \
+            else pa.array([False] * table.num_rows)
+        terminal = table.filter(pc.invert(late))
+        self.store.record_answers(
+            answers_from_results(terminal, key_columns=self.config.tagging.key_columns,
+                                 fallback_text=self.config.answers.fallback_text),
+            app_id=self._app_id("answers", "answers"), version=batch_id)
+        self.store.backfill(table)
 
     # -------------------------------------------------------------- lifecycle
 
+    def _start(self, df: DataFrame, query: str, write: object) -> StreamingQuery:
+        """Start ``df`` as query ``sts-<query>`` with its checkpoint and trigger."""
+        writer = (df.writeStream.queryName(f"sts-{query}").foreachBatch(write)
+                  .option("checkpointLocation", self.config.output.checkpoint(query)))
+        seconds = self.config.output.triggers[query]
+        if seconds > 0:
+            writer = writer.trigger(processingTime=f"{seconds} seconds")
+        return writer.start()
+
     def start(self, *, events: DataFrame | None = None) -> list[StreamingQuery]:
-        """Start the three queries (``events`` overrides the configured source)."""
-        self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
-        out = self.config.output
-        trigger = {"processingTime": f"{out.trigger_s} seconds"}
-        acks = self.acks(events)
-        q_submit = (acks.writeStream.queryName("sts-submit").foreachBatch(self._write_acks)
-                    .option("checkpointLocation", out.checkpoint("submit"))
-                    .trigger(**trigger).start())
-        results = read_results(self.spark, self.config.sidecar.results_dir)
-        ack_stream = self.spark.readStream.schema(acks.schema).parquet(out.acks_dir)
-        answers = join_answers(ack_stream, results, join=self.config.join,
-                               tagging=self.config.tagging)
-        q_answers = (answers.writeStream.queryName("sts-answers")
-                     .foreachBatch(self._write_answers)
-                     .option("checkpointLocation", out.checkpoint("answers"))
-                     .trigger(**trigger).start())
-        q_results = (read_results(self.spark, self.config.sidecar.results_dir)
-                     .writeStream.queryName("sts-results").foreachBatch(self._write_results)
-                     .option("checkpointLocation", out.checkpoint("results"))
-                     .trigger(**trigger).start())
-        self.queries = [q_submit, q_answers, q_results]
+        """Start the queries and the tickers (``events`` overrides the configured source).
+
+        First the ledger of recent answers and the safety net are refilled from the
+        tables, so a restart neither answers twice nor forgets a request.
+        """
+        self.store.load_ledger()
+        self.safety_net.watch(self.store.unanswered_requests())
+        self.queries = [self._start(self.acks(events), "submit", self._write_submitted),
+                        self._start(self.results(), "answers", self._write_results)]
+        maintenance = self.config.maintenance
+        self.tickers = [
+            Ticker("sts-safety-net", self.config.answers.safety_net_interval_s,
+                   self.safety_net.sweep),
+            Ticker("sts-maintenance", maintenance.interval_s, lambda: self.store.maintain(
+                vacuum_retention_hours=maintenance.vacuum_retention_hours)),
+            Ticker("sts-health", 0.5, self._watch_health),
+        ]
+        for t in self.tickers:
+            t.start()
         return self.queries
 
-    def drain(self) -> None:
-        """Write a heartbeat result far in the future so the answers query's
-        watermark passes every open window and emits the remaining fallbacks
-        (needed at the end of a finite run: with no new events, the watermark
-        stops)."""
-        far = now_ms() + 10 * (max(self.config.tagging.sla_ms.values())
-                               + self.config.join.grace_ms)
-        row = {f.name: [None] for f in RESULT_SCHEMA}
-        row.update(request_id=[HEARTBEAT_ID], status=["heartbeat"], finish_ts=[far])
-        write_parquet_atomically(pa.table(row, schema=RESULT_SCHEMA),
-                                 self.config.sidecar.results_dir,
-                                 f"heartbeat-{now_ms()}.parquet")
+    def _watch_health(self) -> None:
+        """Stop everything when one part died (a query with nobody reading answers
+        must not go on submitting)."""
+        if self.failure is None and (why := self._find_failure()):
+            self.failure = why
+            logger.error("sts pipeline stopping: %s", why)
+            threading.Thread(target=self.stop, name="sts-stop", daemon=True).start()
+
+    def _find_failure(self) -> str | None:
+        for q in self.queries:
+            if (e := q.exception()) is not None:
+                return f"query {q.name} failed: {_first_line(e)}"
+            if not q.isActive and not self._stopping.is_set():
+                return f"query {q.name} stopped"
+        for t in self.tickers:
+            if t.error is not None:
+                return f"{t.name} failed: {_first_line(t.error)}"
+        return None
+
+    def check(self) -> None:
+        """Raise :class:`PipelineFailedError` if a query or a ticker has died."""
+        why = self.failure or self._find_failure()
+        if why:
+            self.failure = why
+            raise PipelineFailedError(why)
+
+    def await_termination(self, timeout_s: float | None = None) -> None:
+        """Run until ``timeout_s`` passes (``None``: until stopped); raise on failure."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._stopping.is_set():
+            self.check()
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            time.sleep(0.5)
+        self.check()
+
+    def sweep_now(self) -> int:
+        """Run the safety net once (tests and finite runs that cannot wait a tick)."""
+        return self.safety_net.sweep(now_ms())
 
     def process_all_available(self) -> None:
+        """Let every query process what is there (then run the safety net once)."""
         for q in self.queries:
             q.processAllAvailable()
+        self.check()
 
     def stop(self) -> None:
+        """Stop the tickers and the queries. Idempotent."""
+        self._stopping.set()
+        for t in self.tickers:
+            t.stop()
         for q in self.queries:
-            q.stop()
+            try:
+                q.stop()
+            except Exception:  # stopping a failed query may raise again
+                logger.debug("Stopping %s raised.", q.name, exc_info=True)

@@ -9,6 +9,7 @@ from pyspark.sql.types import (
     DoubleType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -20,11 +21,18 @@ _ARROW_TO_SPARK: dict[pa.DataType, DataType] = {
 }
 
 
+def spark_type(t: pa.DataType) -> DataType:
+    """The Spark type of a primitive Arrow type or a map of primitives."""
+    if pa.types.is_map(t):
+        return MapType(spark_type(t.key_type), spark_type(t.item_type), True)
+    return _ARROW_TO_SPARK[t]
+
+
 def spark_schema(schema: pa.Schema) -> StructType:
-    """Spark schema of an Arrow schema of flat primitive columns (all nullable).
+    """Spark schema of an Arrow schema of primitive (or map) columns, all nullable.
 
     Example:
         >>> spark_schema(pa.schema([("id", pa.string()), ("n", pa.int64())])).simpleString()
         'struct<id:string,n:bigint>'
     """
-    return StructType([StructField(f.name, _ARROW_TO_SPARK[f.type], True) for f in schema])
+    return StructType([StructField(f.name, spark_type(f.type), True) for f in schema])

@@ -11,7 +11,7 @@ instead of a failed query, so L4 answers those requests with the fallback.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -52,9 +52,15 @@ def _refused(n: int, reason: str, detail: str, now: int, endpoint: str) -> dict[
             "endpoint": [endpoint] * n, "sidecar_fallback_text": [None] * n}
 
 
-def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
+def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig,
+                   attribute_columns: Sequence[str] = (),
+                   extra_attributes: Mapping[str, str] | None = None
                    ) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` body: submit each batch, yield it with ack columns (no prompt)."""
+    """The ``mapInArrow`` body: submit each batch, yield it with ack columns (no prompt).
+
+    Each request carries ``attributes`` (``extra_attributes`` plus ``attribute_columns``
+    as strings; the sidecar echoes them on the result row) and ``submit_ts``. Acks are matched to rows by
+    ``request_id``, not by position."""
     import grpc
 
     from sidecar.client import SidecarClient, request_to_proto
@@ -69,8 +75,14 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                 chunk = batch.slice(start, config.max_batch)
                 rows = chunk.to_pylist()
                 now = now_ms()
+                for r in rows:
+                    r["submit_ts"] = now
+                    r["attributes"] = {**(extra_attributes or {}),
+                                       **{c: str(r[c]) for c in attribute_columns
+                                          if r.get(c) is not None}}
                 try:
                     reply = client.submit([request_to_proto(r) for r in rows])
+                    _check_ack_identity(rows, reply.acks)
                     acks = {
                         "accepted": [a.accepted for a in reply.acks],
                         "reason": [None if a.accepted else
@@ -84,8 +96,6 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                         "endpoint": [endpoint] * len(rows),
                         "sidecar_fallback_text": [a.fallback_text or None for a in reply.acks],
                     }
-                    if len(reply.acks) != len(rows):
-                        raise RuntimeError(f"{len(reply.acks)} acks for {len(rows)} requests")
                 except grpc.RpcError as e:
                     code = e.code()
                     logger.warning("Sidecar %s did not ack %d requests: %s", endpoint,
@@ -100,13 +110,30 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
         client.close()
 
 
+def _check_ack_identity(rows: list[dict], acks: Sequence) -> None:
+    """One ack per row, in order, each naming its row's request (a request without an
+    id is refused with an empty one).
+
+    Raises:
+        RuntimeError: an ack is missing, extra or for another request.
+    """
+    if len(acks) != len(rows):
+        raise RuntimeError(f"{len(acks)} acks for {len(rows)} requests")
+    for row, ack in zip(rows, acks):
+        if ack.request_id != (row.get("request_id") or ""):
+            raise RuntimeError(f"ack for {ack.request_id!r} where {row.get('request_id')!r} "
+                               "was submitted")
+
+
 def ack_schema(requests: DataFrame) -> StructType:
     """Schema of :func:`submit_requests`'s output for a given request DataFrame."""
     kept = [f for f in requests.schema.fields if f.name != "prompt"]
     return StructType(kept + spark_schema(ACK_SCHEMA).fields)
 
 
-def submit_requests(requests: DataFrame, config: SidecarEndpointConfig) -> DataFrame:
+def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
+                    attribute_columns: Sequence[str] = (),
+                    extra_attributes: Mapping[str, str] | None = None) -> DataFrame:
     """Send every request row to the sidecar; return one ack row per request.
 
     The output keeps the input columns except ``prompt`` and adds ``accepted``,
@@ -119,4 +146,6 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig) -> DataF
         acks = submit_requests(build_requests(events, tagging, template),
                                SidecarEndpointConfig(endpoint="127.0.0.1:50051"))
     """
-    return requests.mapInArrow(lambda it: submit_batches(it, config), ack_schema(requests))
+    columns, extra = list(attribute_columns), dict(extra_attributes or {})
+    return requests.mapInArrow(lambda it: submit_batches(it, config, columns, extra),
+                               ack_schema(requests))

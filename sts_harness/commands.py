@@ -44,4 +44,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         print(f"sts demo: {e}", file=sys.stderr)
         return 2
     print_summary(summary)
+    if summary.get("incomplete"):
+        print(f"sts demo: {summary['incomplete']}", file=sys.stderr)
+        return 1
     return 0

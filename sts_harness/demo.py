@@ -8,6 +8,7 @@ prints a summary. Both processes are shut down cleanly, also on Ctrl-C.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -19,8 +20,13 @@ from importlib import resources
 from pathlib import Path
 
 from sidecar.contract import PRIORITY_NAMES
+from sts_harness.hops import format_hops, hop_latencies
 from sts_harness.replay import EventReplayer
 from sts_harness.stats import percentiles
+
+class DemoFailedError(RuntimeError):
+    """A part of the demo (the sidecar, a query) died while it ran."""
+
 
 #: Marks a folder as written by ``sts demo``: only such a folder is ever replaced.
 MARKER = ".sts-demo"
@@ -122,39 +128,50 @@ def prepare_out(out: Path, *, overwrite: bool) -> None:
 
 
 def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -> dict:
-    """The demo's summary figures from the answers table rows."""
-    by_source: dict[str, int] = {}
-    by_status: dict[str, int] = {}
+    """The demo's summary figures from the answers table rows; each figure has one meaning.
+
+    ``llm_within_sla``: per priority, the share of events answered by the model by their
+    deadline. ``fallbacks_by_reason``: why the other events got the rule answer.
+    """
+    by_source = collections.Counter(a["answer_source"] for a in answers)
+    fallbacks = collections.Counter(a.get("reason") or a["status"] for a in answers
+                                    if a["answer_source"] in ("fallback", "backfill"))
     latency: dict[str, dict[str, float | None]] = {}
-    for a in answers:
-        by_source[a["answer_source"]] = by_source.get(a["answer_source"], 0) + 1
-        by_status[a["status"]] = by_status.get(a["status"], 0) + 1
+    llm_within_sla: dict[str, dict[str, float | int | None]] = {}
     for p in PRIORITY_NAMES:
-        lat = [a["latency_ms"] for a in answers if a["priority"] == p
-               and a["answer_source"] != "backfill" and a["latency_ms"] is not None]
+        mine = [a for a in answers if a["priority"] == p]
+        lat = [a["latency_ms"] for a in mine
+               if a["answer_source"] != "backfill" and a["latency_ms"] is not None]
         latency[p] = percentiles(lat, (50, 95, 99), digits=None) | {"n": len(lat)}
-    met = sum(1 for a in answers if a["deadline_met"])
+        on_time = sum(1 for a in mine if a["answer_source"] == "llm" and a["deadline_met"])
+        llm_within_sla[p] = {"events": len(mine), "llm_on_time": on_time,
+                             "share": on_time / len(mine) if mine else None}
+    hit_rate = stats.get("prefixCacheHitRate")
     return {
         "events": events,
         "answers": len(answers),
-        "answers_by_source": by_source,
-        "answers_by_status": by_status,
+        "answers_by_source": dict(by_source),
+        "fallbacks_by_reason": dict(fallbacks),
+        "llm_within_sla": llm_within_sla,
         "latency_ms_by_priority": latency,
-        "deadline_hit_rate": met / len(answers) if answers else None,
+        "hops_ms": hop_latencies(answers),
         "llm_answers_per_s": by_source.get("llm", 0) / wall_s if wall_s else None,
         "engine": stats.get("engine"),
         "engine_output_tokens_per_s": stats.get("outputTokensPerS"),
-        "prefix_cache_hit_rate": stats.get("prefixCacheHitRate"),
+        # absent (None) when the engine reports no prefix-cache lookups at all
+        "prefix_cache_hit_rate": hit_rate if stats.get("promptTokensTotal") else None,
     }
 
 
 def run_demo(opts: DemoOptions) -> dict:
     """Run the demo and return its summary (also written to ``out/summary.json``)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    import grpc
     from google.protobuf.json_format import MessageToDict
 
     from sidecar import prepare_default_model
     from spark_ext.config import PipelineConfig
+    from spark_ext.exceptions import PipelineFailedError
     from sts_harness.process import SidecarProcess
 
     out = Path(opts.out).expanduser().resolve()
@@ -185,8 +202,8 @@ def run_demo(opts: DemoOptions) -> dict:
             "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
                         "max_tokens": opts.max_tokens},
             "sidecar": {"endpoint": target, "results_dir": str(out / "results")},
-            "output": {"out_dir": str(out / "tables"), "checkpoint_dir": str(out / "checkpoints"),
-                       "acks_dir": str(out / "acks"), "trigger_s": 1.0},
+            "output": {"out_dir": str(out / "tables"),
+                       "checkpoint_dir": str(out / "checkpoints")},
         })
         pipeline = StsPipeline(spark, config)
         stack.callback(pipeline.stop)
@@ -196,39 +213,55 @@ def run_demo(opts: DemoOptions) -> dict:
         replayer.start()
 
         def progress(phase: str) -> int:
-            answers = pipeline.answers.read(["answer_source"]).to_pylist() \
-                if pipeline.answers.exists() else []
-            counts = {}
-            for a in answers:
-                counts[a["answer_source"]] = counts.get(a["answer_source"], 0) + 1
+            pipeline.check()
+            if sidecar.proc is not None and sidecar.proc.poll() is not None:
+                raise DemoFailedError(f"the sidecar exited with code {sidecar.proc.returncode}; "
+                                      f"log: {out / 'sidecar.log'}")
+            counts = dict(pipeline.store.stats.by_source)
+            answered = pipeline.store.stats.answers_written
             st = client.stats()
             busy = sum(p.queued + p.in_flight for p in st.pools)
             print(f"[{time.monotonic() - start:5.1f}s] {phase}: events {replayer.offered}, "
-                  f"answers {len(answers)} {counts}, sidecar busy {busy}, "
+                  f"answers {answered} {counts}, sidecar busy {busy}, "
                   f"{st.output_tokens_per_s:.0f} tok/s", flush=True)
-            return len(answers)
+            return answered
 
-        while replayer.is_alive():
-            time.sleep(3)
-            progress("replaying")
-        # Let the sidecar finish what it accepted, then close the last windows.
-        drain_deadline = time.monotonic() + opts.drain_timeout_s
-        while time.monotonic() < drain_deadline:
-            st = client.stats()
-            if sum(p.queued + p.in_flight for p in st.pools) == 0:
-                break
-            time.sleep(2)
-            progress("draining")
-        time.sleep(3 * config.output.trigger_s + 1)
-        pipeline.drain()
-        while time.monotonic() < drain_deadline + 30:
-            if progress("closing windows") >= replayer.offered:
-                break
-            time.sleep(2)
+        failure = None
+        try:
+            while replayer.is_alive():
+                time.sleep(3)
+                progress("replaying")
+            # Every event is answered by its deadline + grace (the safety net runs on
+            # processing time); wait that long at most, then the late results' backfill.
+            last_due = time.monotonic() + (max(opts.sla_ms) + config.answers.grace_ms) / 1000 + 5
+            while time.monotonic() < last_due:
+                if progress("answering") >= replayer.offered:
+                    break
+                time.sleep(2)
+            drain_deadline = time.monotonic() + opts.drain_timeout_s
+            while time.monotonic() < drain_deadline:
+                if sum(p.queued + p.in_flight for p in client.stats().pools) == 0:
+                    break
+                time.sleep(2)
+                progress("late results")
+        except grpc.RpcError as e:
+            failure = f"the sidecar stopped answering ({e.code().name}); log: {out / 'sidecar.log'}"
+            replayer.stop()
+            print(f"sts demo: {failure}", flush=True)
+        except (DemoFailedError, PipelineFailedError) as e:
+            failure = str(e).splitlines()[0]
+            replayer.stop()
+            print(f"sts demo: {failure}", flush=True)
         wall_s = time.monotonic() - start
-        stats = MessageToDict(client.stats())
-        answers = pipeline.answers.read().to_pylist()
+        if failure is None:
+            pipeline.process_all_available()
+        try:
+            stats = MessageToDict(client.stats(), preserving_proto_field_name=False)
+        except Exception:  # the sidecar is gone
+            stats = {}
+        answers = pipeline.store.read("answers").to_pylist()
         summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats)
+        summary["incomplete"] = failure
         summary["tables"] = {name: config.output.table(name)
                              for name in ("answers", "requests", "results")}
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -238,19 +271,28 @@ def run_demo(opts: DemoOptions) -> dict:
 
 
 def print_summary(summary: dict) -> None:
+    """Print the summary tables."""
     print("\n=== sts demo summary ===")
+    if summary.get("incomplete"):
+        print(f"INCOMPLETE: {summary['incomplete']}")
     print(f"events replayed      {summary['events']}")
     print(f"answers              {summary['answers']}  by source {summary['answers_by_source']}")
-    print(f"answers by status    {summary['answers_by_status']}")
-    rate = summary["deadline_hit_rate"]
-    print(f"deadline hit rate    {rate:.1%}" if rate is not None else "deadline hit rate    n/a")
-    for p, lat in summary["latency_ms_by_priority"].items():
-        figures = ", ".join(f"{k} {v:.0f} ms" for k, v in lat.items() if k != "n" and v is not None)
-        print(f"latency {p:<7}      n={lat['n']} {figures}")
+    print(f"fallbacks by cause   {summary['fallbacks_by_reason'] or '{}'}")
+    for p, v in summary["llm_within_sla"].items():
+        share = f"{v['share']:.0%}" if v["share"] is not None else "n/a"
+        lat = summary["latency_ms_by_priority"][p]
+        figures = ", ".join(f"{k} {x:.0f} ms" for k, x in lat.items()
+                            if k != "n" and x is not None)
+        print(f"{p:<7} LLM within SLA {v['llm_on_time']:>4}/{v['events']:<4} ({share:>4})  "
+              f"latency {figures}")
     llm_rate = summary["llm_answers_per_s"] or 0.0
     print(f"llm answers/s        {llm_rate:.2f}")
+    hit = summary["prefix_cache_hit_rate"]
     print(f"engine               {summary['engine']}, "
           f"{summary['engine_output_tokens_per_s'] or 0:.0f} output tokens/s (last 10 s), "
-          f"prefix-cache hit rate {summary['prefix_cache_hit_rate'] or 0:.1%}")
+          f"prefix-cache hit rate {f'{hit:.1%}' if hit is not None else 'not reported'}")
+    print("where the time went (answers of the model and fallbacks):")
+    for line in format_hops(summary["hops_ms"]):
+        print("  " + line)
     for name, path in summary["tables"].items():
         print(f"delta table {name:<9} {path}")

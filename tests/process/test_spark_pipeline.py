@@ -1,23 +1,33 @@
-"""The Spark side on real Spark (local mode), the real sidecar and real Delta tables."""
+"""The Spark side on real Spark (local mode), real sidecars and real Delta tables."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
 
+from sidecar.contract import PRIORITY_NAMES, write_text_atomically
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import TemplateOrderError
 from spark_ext.pipeline import StsPipeline
 from spark_ext.submit import submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
-from tests.utils import REPO, RemoteSidecar, free_port, wait_until
+from tests.utils import (
+    REPO,
+    RemoteSidecar,
+    free_port,
+    read_results,
+    wait_for_results,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,9 +38,8 @@ def _config(tmp: Path, endpoint: str, results_dir: str, **sections) -> PipelineC
         "tagging": {"event_time_ms": None, "max_tokens": 8,
                     "sla_ms": {"high": 20_000, "normal": 30_000, "low": 40_000}},
         "sidecar": {"endpoint": endpoint, "results_dir": results_dir, "timeout_s": 3.0},
-        "join": {"grace_ms": 1000, "results_watermark": "2 seconds"},
-        "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
-                   "acks_dir": str(tmp / "acks"), "trigger_s": 0.5},
+        "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
+        "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt")},
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
@@ -38,23 +47,17 @@ def _config(tmp: Path, endpoint: str, results_dir: str, **sections) -> PipelineC
 
 
 def _write_events(tmp: Path, name: str, events: list[dict]) -> None:
-    folder = tmp / "events"
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp_file = folder / f".{name}.tmp"
-    tmp_file.write_text("".join(json.dumps(e) + "\n" for e in events))
-    tmp_file.rename(folder / f"{name}.json")
+    write_text_atomically(tmp / "events" / f"{name}.json",
+                          "".join(json.dumps(e) + "\n" for e in events))
 
 
 def _events(prefix: str, n: int) -> list[dict]:
-    prios = ["high", "normal", "low"]
     return [{"event_id": f"{prefix}-{i}", "text": f"My order {i} is late.",
-             "priority": prios[i % 3], "event_ts": 0} for i in range(n)]
+             "priority": PRIORITY_NAMES[i % 3], "event_ts": 0} for i in range(n)]
 
 
 def _answers(pipeline: StsPipeline) -> dict[str, dict]:
-    if not pipeline.answers.exists():
-        return {}
-    rows = pipeline.answers.read().to_pylist()
+    rows = pipeline.store.read("answers").to_pylist()
     by_id = {r["request_id"]: r for r in rows}
     assert len(by_id) == len(rows), "two answers for one request"
     return by_id
@@ -68,7 +71,18 @@ def _run_until(pipeline: StsPipeline, done, timeout_s: float = 90.0) -> dict[str
         if done(answers):
             return answers
         assert time.monotonic() < deadline, f"not done after {timeout_s}s: {answers}"
-        time.sleep(0.5)
+        time.sleep(0.3)
+
+
+def _sim_sidecar(tmp: Path, name: str, *extra: str, port: int | None = None) -> RemoteSidecar:
+    """A simulated-engine sidecar: 20 ms per decode step, so 100 tokens take ~2 s."""
+    args = ["--engine", "simulated", "--sidecar-id", name,
+            "--set", "engine.simulated.step_base_ms=20", "--set", "scheduler.deadline_admission=false",
+            "--set", "results.flush_interval_s=0.05", *extra]
+    sidecar = RemoteSidecar(tmp / "results", args, log_path=tmp / f"{name}.log")
+    if port is not None:  # a restart must come back on the same address
+        sidecar.port, sidecar.target = port, f"127.0.0.1:{port}"
+    return sidecar
 
 
 def test_template_with_dynamic_fields_first_is_refused() -> None:
@@ -126,9 +140,10 @@ def test_submit_returns_before_generation(spark, tmp_path: Path,
     assert busy >= 2, f"generation already over after {elapsed:.1f}s: acks waited for it"
 
 
-def test_pipeline_answers_with_llm_and_replay_writes_nothing_twice(
+def test_pipeline_answers_from_results_submits_once_and_replays_write_nothing_twice(
         spark, tmp_path: Path, tiny_sidecar: RemoteSidecar) -> None:
     cfg = _config(tmp_path, tiny_sidecar.target, str(tiny_sidecar.results_dir))
+    before = tiny_sidecar.client.stats()
     _write_events(tmp_path, "batch1", _events("llm", 6))
     pipeline = StsPipeline(spark, cfg)
     pipeline.start()
@@ -136,28 +151,34 @@ def test_pipeline_answers_with_llm_and_replay_writes_nothing_twice(
         answers = _run_until(pipeline, lambda a: len(a) == 6)
     finally:
         pipeline.stop()
+    after = tiny_sidecar.client.stats()
+    assert after.submitted - before.submitted == 6, "a request was submitted twice"
+    assert after.duplicates == before.duplicates
     assert {a["answer_source"] for a in answers.values()} == {"llm"}
     assert all(a["answer"].strip() and a["status"] == "ok" for a in answers.values())
     assert all(a["deadline_met"] for a in answers.values())
     assert {a["event_id"] for a in answers.values()} == {f"llm-{i}" for i in range(6)}
+    for a in answers.values():  # every hop is stamped
+        assert a["enqueue_ts"] <= a["submit_ts"] <= a["received_ts"] <= a["finish_ts"] \
+            <= a["answered_ts"]
 
     # Replay: forget the submit query's last commit so it re-runs that micro-batch.
     commits = sorted((tmp_path / "ckpt" / "submit" / "commits").glob("[0-9]*"),
                      key=lambda p: int(p.name))
     commits[-1].unlink()
     commits[-1].with_name(f".{commits[-1].name}.crc").unlink(missing_ok=True)
-    before = tiny_sidecar.client.stats().duplicates
     pipeline = StsPipeline(spark, cfg)
     pipeline.start()
     try:
         pipeline.process_all_available()
-        wait_until(lambda: tiny_sidecar.client.stats().duplicates >= before + 6,
+        wait_until(lambda: tiny_sidecar.client.stats().duplicates - after.duplicates == 6,
                    what="the re-run batch reaching the sidecar")
         pipeline.process_all_available()
     finally:
         pipeline.stop()
     assert len(_answers(pipeline)) == 6
-    assert DeltaTable(cfg.output.table("requests")).to_pyarrow_table().num_rows == 6
+    assert pipeline.store.read("requests").num_rows == 6
+    assert pipeline.store.stats.skipped_replays >= 1
 
 
 def test_unreachable_sidecar_gives_fallbacks_and_keeps_running(spark, tmp_path: Path) -> None:
@@ -167,7 +188,7 @@ def test_unreachable_sidecar_gives_fallbacks_and_keeps_running(spark, tmp_path: 
     pipeline = StsPipeline(spark, cfg)
     pipeline.start()
     try:
-        answers = _run_until(pipeline, lambda a: len(a) == 3)
+        _run_until(pipeline, lambda a: len(a) == 3)
         _write_events(tmp_path, "down2", _events("down-later", 2))
         answers = _run_until(pipeline, lambda a: len(a) == 5)
         assert all(q.isActive for q in pipeline.queries)
@@ -175,7 +196,7 @@ def test_unreachable_sidecar_gives_fallbacks_and_keeps_running(spark, tmp_path: 
         pipeline.stop()
     assert {a["answer_source"] for a in answers.values()} == {"fallback"}
     assert {a["status"] for a in answers.values()} == {"unavailable"}
-    assert all(a["answer"] == cfg.join.fallback_text for a in answers.values())
+    assert all(a["answer"] == cfg.answers.fallback_text for a in answers.values())
 
 
 def test_sidecar_refusal_answers_with_the_pools_fallback_text(
@@ -192,35 +213,35 @@ def test_sidecar_refusal_answers_with_the_pools_fallback_text(
     pipeline.start()
     try:
         answers = _run_until(pipeline, lambda a: len(a) == 3)
+        pipeline.process_all_available()  # the sidecar's rejected rows change nothing
+        assert len(_answers(pipeline)) == 3
     finally:
         pipeline.stop()
-    assert {a["status"] for a in answers.values()} == {"max_tokens_out_of_range"}
+    assert {(a["status"], a["reason"]) for a in answers.values()} == {
+        ("rejected", "max_tokens_out_of_range")}
     for a in answers.values():
         assert a["answer"] == a["fallback_text"] == pools[a["priority"]].fallback_text
     assert len({a["answer"] for a in answers.values()}) == 3
 
 
-def test_late_result_gets_fallback_then_backfill(spark, tmp_path: Path,
-                                                 tiny_sidecar: RemoteSidecar) -> None:
-    """The sidecar answers, but its result files reach Spark only after the window
-    closed (a delayed result channel): fallback first, then backfill."""
+def test_lost_result_gets_the_safety_net_fallback_then_backfill(
+        spark, tmp_path: Path, tiny_sidecar: RemoteSidecar) -> None:
+    """The sidecar answers, but its result files reach Spark only after deadline + grace
+    (a delayed result channel): the safety net answers on time, the late file backfills."""
     delayed = tmp_path / "delayed-results"
-    cfg = _config(tmp_path, tiny_sidecar.target, str(delayed))
+    cfg = _config(tmp_path, tiny_sidecar.target, str(delayed),
+                  tagging={"sla_ms": {"high": 3000, "normal": 3000, "low": 3000}},
+                  answers={"grace_ms": 500})
     _write_events(tmp_path, "late", _events("late", 2))
     pipeline = StsPipeline(spark, cfg)
     pipeline.start()
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "out" / "requests").exists():
-            pipeline.process_all_available()
-            assert time.monotonic() < deadline
-        ids = set(DeltaTable(cfg.output.table("requests")).to_pandas()["request_id"])
-        pipeline.drain()  # the window closes with no result in sight
-        answers = _run_until(pipeline, lambda a: len(a) == 2)
-        assert {a["answer_source"] for a in answers.values()} == {"fallback"}
-        assert {a["status"] for a in answers.values()} == {"timeout"}
-        # now the delayed result files arrive
-        from tests.utils import wait_for_results
+        answers = _run_until(pipeline, lambda a: len(a) == 2, timeout_s=60)
+        assert {(a["answer_source"], a["status"], a["reason"]) for a in answers.values()} == {
+            ("fallback", "timeout", "no_result")}
+        for a in answers.values():  # on time: within deadline + grace + one sweep
+            assert a["answered_ts"] <= a["deadline_ts"] + 500 + 5000
+        ids = set(answers)
         wait_for_results(tiny_sidecar.results_dir, ids)
         for f in tiny_sidecar.results_dir.glob("*.parquet"):
             if ids & set(pq.read_table(f, columns=["request_id"]).column(0).to_pylist()):
@@ -230,34 +251,124 @@ def test_late_result_gets_fallback_then_backfill(spark, tmp_path: Path,
     finally:
         pipeline.stop()
     for a in answers.values():
-        assert a["answer"].strip() and a["answer"] != cfg.join.fallback_text
-        assert a["fallback_text"] == cfg.join.fallback_text
+        assert a["answer"].strip() and a["answer"] != cfg.answers.fallback_text
+        assert a["fallback_text"] == cfg.answers.fallback_text
         assert a["backfilled_at"] is not None and a["status"] == "ok"
 
 
-SINK_SCRIPT = """
-import sys, pyarrow as pa
-from spark_ext.sink import DeltaSink, backfill_answers
-sink = DeltaSink(sys.argv[1])
-sink.insert_new(pa.table({"request_id": ["a", "b"], "answer": ["x", "y"],
-                          "answer_source": ["fallback", "llm"], "enqueue_ts": [1, 1]}))
-sink.insert_new(pa.table({"request_id": ["a", "c"], "answer": ["dup", "z"],
-                          "answer_source": ["llm", "llm"], "enqueue_ts": [1, 1]}))
-rows = sink.read(["request_id", "answer"], filters=[("request_id", "in", ["a", "c"])])
-assert sorted(rows.to_pylist(), key=lambda r: r["request_id"]) == [
-    {"request_id": "a", "answer": "x"}, {"request_id": "c", "answer": "z"}], rows
-assert sink.read().num_rows == 3
-"""
+@pytest.mark.parametrize("restart", [False, True], ids=["killed", "killed-and-restarted"])
+def test_killed_sidecar_every_event_answered_once_without_a_drain(
+        spark, tmp_path: Path, restart: bool) -> None:
+    """kill -9 of the sidecar with requests in flight: those get the safety-net fallback
+    within deadline + grace + 5 s although no result ever comes; with a restart, later
+    events get model answers again; no event has two answers, none has none."""
+    port = free_port()
+    sidecar = _sim_sidecar(tmp_path, "victim", port=port).__enter__()
+    cfg = _config(tmp_path, sidecar.target, str(tmp_path / "results"),
+                  tagging={"max_tokens": 200,
+                           "sla_ms": {"high": 6000, "normal": 6000, "low": 6000}},
+                  answers={"grace_ms": 1000}, sidecar={"timeout_s": 2.0})
+    pipeline = StsPipeline(spark, cfg)
+    pipeline.start()
+    restarted = None
+    try:
+        _write_events(tmp_path, "before", _events("before", 9))
+        wait_until(lambda: sum(p.in_flight for p in sidecar.client.stats().pools) >= 9,
+                   30, what="requests generating")
+        os.kill(sidecar.proc.pid, signal.SIGKILL)
+        sidecar.proc.wait()
+        sidecar.__exit__(None, None, None)
+        if restart:
+            restarted = _sim_sidecar(tmp_path, "reborn", port=port).__enter__()
+        _write_events(tmp_path, "after", _events("after", 3))
+        answers = _run_until(pipeline, lambda a: len(a) == 12, timeout_s=60)
+    finally:
+        pipeline.stop()
+        if restarted is not None:
+            restarted.__exit__(None, None, None)
+    lost = [a for a in answers.values() if a["event_id"].startswith("before")]
+    assert {(a["answer_source"], a["reason"]) for a in lost} == {("fallback", "no_result")}
+    for a in lost:
+        assert a["answered_ts"] <= a["deadline_ts"] + 1000 + 5000, a
+    later = [a for a in answers.values() if a["event_id"].startswith("after")]
+    if restart:
+        assert {a["answer_source"] for a in later} == {"llm"}
+    else:
+        assert {(a["answer_source"], a["status"]) for a in later} == {("fallback", "unavailable")}
 
 
-def test_delta_sink_merges_and_the_process_exits_cleanly(tmp_path: Path) -> None:
-    """insert_new keeps the first answer per id, and reading back does not make the
-    interpreter abort at exit (a delta-rs reader left threads behind: exit 134)."""
-    import subprocess
-    import sys
+def test_restart_from_checkpoints_answers_each_event_once(spark, tmp_path: Path) -> None:
+    """Stop the pipeline with requests in flight and start it again from its checkpoints:
+    the results that landed meanwhile are answered once, nothing is answered twice."""
+    with _sim_sidecar(tmp_path, "steady") as sidecar:
+        cfg = _config(tmp_path, sidecar.target, str(tmp_path / "results"),
+                      tagging={"max_tokens": 100})
+        pipeline = StsPipeline(spark, cfg)
+        pipeline.start()
+        try:
+            _write_events(tmp_path, "first", _events("first", 6))
+            wait_until(lambda: pipeline.store.stats.appends >= 1, 30, what="submitted")
+        finally:
+            pipeline.stop()
+        wait_for_results(tmp_path / "results", set(
+            pipeline.store.read("requests", ["request_id"]).column(0).to_pylist()))
+        again = StsPipeline(spark, cfg)
+        again.start()
+        try:
+            _write_events(tmp_path, "second", _events("second", 3))
+            answers = _run_until(again, lambda a: len(a) == 9)
+            again.process_all_available()
+        finally:
+            again.stop()
+    assert {a["answer_source"] for a in answers.values()} == {"llm"}
+    assert len(_answers(again)) == 9
 
-    from tests.utils import REPO
 
-    done = subprocess.run([sys.executable, "-c", SINK_SCRIPT, str(tmp_path / "t")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_bad_result_files_are_quarantined_and_answers_go_on(spark, tmp_path: Path) -> None:
+    """A corrupt file and one with request_id as INT64 land in the results folder: both
+    are moved to quarantine/, the queries stay up, every event is answered."""
+    with _sim_sidecar(tmp_path, "clean") as sidecar:
+        cfg = _config(tmp_path, sidecar.target, str(tmp_path / "results"))
+        results = tmp_path / "results"
+        (results / "part-0000000000001-0000000000-intruder.parquet").write_bytes(
+            b"PAR1 this is not parquet")
+        pq.write_table(pa.table({"request_id": [1, 2], "status": ["ok", "ok"]}),
+                       results / "part-0000000000001-0000000001-intruder.parquet")
+        pipeline = StsPipeline(spark, cfg)
+        pipeline.start()
+        try:
+            _write_events(tmp_path, "good", _events("good", 6))
+            answers = _run_until(pipeline, lambda a: len(a) == 6)
+            assert all(q.isActive for q in pipeline.queries)
+        finally:
+            pipeline.stop()
+    assert {a["answer_source"] for a in answers.values()} == {"llm"}
+    quarantined = sorted(p.name for p in (results / "quarantine").glob("*.parquet"))
+    assert len(quarantined) == 2, quarantined
+    reasons = [p.read_text() for p in (results / "quarantine").glob("*.reason")]
+    assert any("request_id is int64" in r for r in reasons), reasons
+
+
+def test_landing_folder_stays_bounded(spark, tmp_path: Path) -> None:
+    """A long run, scaled: results are kept 1 s after they are read (instead of an hour),
+    so the folder holds a few seconds' worth of files however long the pipeline runs."""
+    with _sim_sidecar(tmp_path, "busy") as sidecar:
+        cfg = _config(tmp_path, sidecar.target, str(tmp_path / "results"),
+                      maintenance={"results_retention_s": 1.0})
+        pipeline = StsPipeline(spark, cfg)
+        pipeline.start()
+        try:
+            sizes = []
+            for i in range(12):
+                _write_events(tmp_path, f"wave{i}", _events(f"wave{i}", 5))
+                time.sleep(1.0)
+                pipeline.check()
+                sizes.append(len(list((tmp_path / "results").glob("*.parquet"))))
+            answers = _run_until(pipeline, lambda a: len(a) == 60)
+        finally:
+            pipeline.stop()
+    written = sidecar_files = pipeline.store.read("results").num_rows
+    assert written == 60 and len(answers) == 60
+    assert max(sizes[4:]) <= 15, f"landing folder grew: {sizes}"
+    assert sidecar_files  # the rows are in the results table, not lost with the files
+    assert not read_results(tmp_path / "results") or len(read_results(tmp_path / "results")) < 60

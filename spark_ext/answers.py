@@ -1,0 +1,171 @@
+"""L4: answer rows, built in Arrow on the driver from what a micro-batch brings.
+
+Three ways a request gets its one answer row, all with the same columns
+(:data:`ANSWER_SCHEMA` plus the event's key columns):
+
+- :func:`answers_from_results`: the fast path. The sidecar writes exactly one
+  terminal row per accepted request by its deadline, so a result row *is* the
+  answer: ``ok`` -> ``llm``; ``timeout``/``shed``/``rejected``/``error`` ->
+  ``fallback`` with the pool's rule text. No join and no watermark.
+- :func:`answers_from_refusals`: requests the sidecar refused at submission (or
+  could not be reached for) are answered with the fallback at once.
+- :func:`answers_for_lost`: the safety net, for accepted requests whose result
+  never came (the sidecar was killed, a file was lost).
+
+A late ``ok`` row (``late = true``, the ``finish_and_backfill`` policy) or an
+``ok`` row for a request already answered with the fallback upgrades that answer
+to ``backfill`` (:class:`spark_ext.answer_store.AnswerStore`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+#: Columns of the ``answers`` table (the event's key columns follow, as strings).
+ANSWER_SCHEMA = pa.schema([
+    ("request_id", pa.string()),
+    ("trace_id", pa.string()),
+    ("priority", pa.string()),
+    ("answer", pa.string()),
+    ("answer_source", pa.string()),
+    ("status", pa.string()),
+    ("reason", pa.string()),
+    ("fallback_text", pa.string()),
+    ("enqueue_ts", pa.int64()),
+    ("submit_ts", pa.int64()),
+    ("received_ts", pa.int64()),
+    ("finish_ts", pa.int64()),
+    ("deadline_ts", pa.int64()),
+    ("answered_ts", pa.int64()),
+    ("latency_ms", pa.int64()),
+    ("deadline_met", pa.bool_()),
+    ("backfilled_at", pa.int64()),
+    ("enqueue_hour", pa.string()),
+])
+
+#: ``reason`` of a safety-net fallback: no result row came by deadline + grace.
+NO_RESULT = "no_result"
+#: ``reason`` of a fallback for a request the sidecar could not be reached for.
+UNAVAILABLE = "unavailable"
+
+
+def hour_of(epoch_ms: int | None) -> str:
+    """The partition value of a time: its UTC hour, ``YYYY-MM-DDTHH``.
+
+    Example:
+        >>> hour_of(1_700_000_000_000)
+        '2023-11-14T22'
+    """
+    ms = epoch_ms if epoch_ms is not None else 0
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%dT%H")
+
+
+def hours_between(start_ms: int, end_ms: int) -> list[str]:
+    """Every UTC hour partition from ``start_ms`` to ``end_ms`` inclusive.
+
+    Example:
+        >>> hours_between(1_700_000_000_000, 1_700_000_000_000 + 3_600_000)
+        ['2023-11-14T22', '2023-11-14T23']
+    """
+    first = (start_ms // 3_600_000) * 3_600_000
+    return [hour_of(t) for t in range(first, end_ms + 1, 3_600_000)]
+
+
+def answer_schema(key_columns: Iterable[str]) -> pa.Schema:
+    """:data:`ANSWER_SCHEMA` plus the key columns (strings) it does not already have."""
+    extra = [pa.field(k, pa.string()) for k in key_columns if k not in ANSWER_SCHEMA.names]
+    return pa.schema(list(ANSWER_SCHEMA) + extra)
+
+
+def build_answers(rows: list[dict], key_columns: list[str], answered_ts: int) -> pa.Table:
+    """Answer rows as a table: timing columns derived from ``answered_ts`` (when the
+    answer lands), the partition from ``enqueue_ts``, key columns as strings."""
+    schema = answer_schema(key_columns)
+    for row in rows:
+        row["answered_ts"] = answered_ts
+        enqueue, deadline = row.get("enqueue_ts"), row.get("deadline_ts")
+        row["latency_ms"] = answered_ts - enqueue if enqueue is not None else None
+        row["deadline_met"] = answered_ts <= deadline if deadline is not None else None
+        row.setdefault("backfilled_at", None)
+        row["enqueue_hour"] = hour_of(enqueue)
+        for k in key_columns:
+            if row.get(k) is not None and not isinstance(row[k], str):
+                row[k] = str(row[k])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _fallback_text(own: str | None, default: str) -> str:
+    return own if own else default
+
+
+def answers_from_results(results: pa.Table, *, key_columns: list[str], fallback_text: str
+                         ) -> list[dict]:
+    """One answer per result row (the caller drops ids already answered)."""
+    out = []
+    for r in results.to_pylist():
+        ok = r["status"] == "ok"
+        attrs = dict(r.get("attributes") or {})
+        fallback = _fallback_text(r.get("fallback_text"), fallback_text)
+        row = {
+            "request_id": r["request_id"], "trace_id": r.get("trace_id"),
+            "priority": r.get("priority"),
+            "answer": r.get("text") if ok else fallback,
+            "answer_source": "llm" if ok else "fallback",
+            "status": r["status"], "reason": r.get("reason") or None,
+            "fallback_text": None if ok else fallback,
+            "enqueue_ts": r.get("enqueue_ts"), "submit_ts": r.get("submit_ts"),
+            "received_ts": r.get("received_ts"), "finish_ts": r.get("finish_ts"),
+            "deadline_ts": r.get("deadline_ts"),
+        }
+        row.update({k: attrs.get(k) for k in key_columns if k not in row})
+        out.append(row)
+    return out
+
+
+def answers_from_refusals(acks: pa.Table, *, key_columns: list[str], fallback_text: str
+                          ) -> list[dict]:
+    """Fallback answers for the ack rows the sidecar did not accept."""
+    refused = acks.filter(pc.invert(pc.fill_null(acks.column("accepted"), False)))
+    out = []
+    for a in refused.to_pylist():
+        reason = a.get("reason") or UNAVAILABLE
+        fallback = _fallback_text(a.get("sidecar_fallback_text"), fallback_text)
+        row = {
+            "request_id": a["request_id"], "trace_id": a.get("trace_id"),
+            "priority": a.get("priority"), "answer": fallback, "answer_source": "fallback",
+            "status": (UNAVAILABLE if reason == UNAVAILABLE
+                       else "shed" if reason in _SHED_REASONS else "rejected"),
+            "reason": reason, "fallback_text": fallback,
+            "enqueue_ts": a.get("enqueue_ts"), "submit_ts": a.get("submit_ts"),
+            "received_ts": None, "finish_ts": None, "deadline_ts": a.get("deadline_ts"),
+        }
+        row.update({k: a.get(k) for k in key_columns if k not in row})
+        out.append(row)
+    return out
+
+
+#: Refusal reasons (as ack strings) that mean "shed under load", not "invalid".
+_SHED_REASONS = frozenset({"queue_full", "deadline_infeasible", "draining", "overloaded",
+                           "queue_delay_exceeded"})
+
+
+def answers_for_lost(pending: Iterable[Mapping], *, key_columns: list[str], fallback_text: str
+                     ) -> list[dict]:
+    """Safety-net fallbacks for accepted requests that got no result row in time."""
+    out = []
+    for p in pending:
+        row = {
+            "request_id": p["request_id"], "trace_id": p.get("trace_id"),
+            "priority": p.get("priority"), "answer": fallback_text,
+            "answer_source": "fallback", "status": "timeout", "reason": NO_RESULT,
+            "fallback_text": fallback_text, "enqueue_ts": p.get("enqueue_ts"),
+            "submit_ts": p.get("submit_ts"), "received_ts": None, "finish_ts": None,
+            "deadline_ts": p.get("deadline_ts"),
+        }
+        row.update({k: p.get(k) for k in key_columns if k not in row})
+        out.append(row)
+    return out

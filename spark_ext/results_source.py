@@ -1,0 +1,235 @@
+"""The results stream: the sidecar's Parquet landing folder as a Spark streaming source.
+
+A Python data source (``format("sts_results")``) instead of Spark's file source,
+because the landing folder must stay bounded and one bad file must not stop the
+answers:
+
+- **Offsets are per writer.** Every sidecar writer names its files
+  ``part-{incarnation}-{seq}-{sidecar_id}.parquet`` and renames them into place in
+  ``seq`` order (:func:`sidecar.contract.parse_result_file_name`), so the offset is
+  the highest ``seq`` read per writer stream: no listing of every file ever seen
+  in the checkpoint, and a file that lands late from another sidecar is never
+  skipped.
+- **Bad files are quarantined.** A new file whose footer does not parse, or whose
+  columns have the wrong types (say ``request_id`` as INT64), is moved to the
+  quarantine folder with a ``.reason`` note and a log line, and the query goes on.
+- **Read files are removed.** When Spark commits a batch, files at or below the
+  committed offset and older than ``retention_s`` are deleted (this source is the
+  folder's only reader).
+
+Usage::
+
+    register_results_source(spark)
+    results = (spark.readStream.format("sts_results")
+               .option("path", "/data/sts/results").load())
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from sidecar.contract import RESULT_SCHEMA, parse_result_file_name
+
+logger = logging.getLogger(__name__)
+
+#: Name to use in ``spark.readStream.format(...)``.
+SOURCE_NAME = "sts_results"
+#: Columns a result file must have; the others may be missing (older sidecars).
+REQUIRED_COLUMNS = ("request_id", "status")
+#: Subfolder of the results folder that receives files that cannot be read.
+QUARANTINE_DIR = "quarantine"
+
+
+def _normalised(t: pa.DataType) -> pa.DataType:
+    if t in (pa.string_view(), pa.large_string()):
+        return pa.string()
+    return t
+
+
+def schema_problem(schema: pa.Schema) -> str | None:
+    """Why a result file with ``schema`` cannot be read, or ``None`` when it can.
+
+    Example:
+        >>> schema_problem(pa.schema([("request_id", pa.int64()), ("status", pa.string())]))
+        'column request_id is int64, expected string'
+        >>> schema_problem(RESULT_SCHEMA) is None
+        True
+    """
+    names = set(schema.names)
+    for name in REQUIRED_COLUMNS:
+        if name not in names:
+            return f"column {name} is missing"
+    for field in RESULT_SCHEMA:
+        if field.name in names:
+            got = _normalised(schema.field(field.name).type)
+            if got != field.type:
+                return f"column {field.name} is {got}, expected {field.type}"
+    return None
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """``table`` with exactly :data:`RESULT_SCHEMA`'s columns: extra ones dropped,
+    missing ones null (``late`` false), string views cast to strings."""
+    n = table.num_rows
+    columns = []
+    for field in RESULT_SCHEMA:
+        if field.name in table.column_names:
+            columns.append(table.column(field.name).cast(field.type))
+        elif field.type == pa.bool_():
+            columns.append(pa.array([False] * n, pa.bool_()))
+        else:
+            columns.append(pa.nulls(n, field.type))
+    return pa.Table.from_arrays(columns, schema=RESULT_SCHEMA)
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One visible result file and its place in its writer's stream."""
+
+    path: str
+    stream: str
+    seq: int
+
+
+def list_result_files(folder: str | os.PathLike[str]) -> list[ResultFile]:
+    """Visible result files of ``folder``, ordered by stream and ``seq`` (others ignored)."""
+    out = []
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        key = parse_result_file_name(entry.name) if entry.is_file() else None
+        if key is not None:
+            out.append(ResultFile(entry.path, key.stream, key.seq))
+    return sorted(out, key=lambda f: (f.stream, f.seq))
+
+
+def quarantine(path: str, reason: str, quarantine_dir: str) -> Path:
+    """Move ``path`` into ``quarantine_dir`` with a ``.reason`` note; return the new path."""
+    target_dir = Path(quarantine_dir)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / Path(path).name
+    os.replace(path, target)
+    target.with_name(target.name + ".reason").write_text(reason + "\n", encoding="utf-8")
+    logger.error("Quarantined result file %s: %s", target, reason)
+    return target
+
+
+class _FilesPartition(InputPartition):
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__(paths)
+        self.paths = paths
+
+
+class ResultsStreamReader(DataSourceStreamReader):
+    """Offsets: ``{"streams": {"<sidecar_id>@<incarnation>": <last seq read>}}``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = options["path"]
+        self.quarantine_dir = options.get("quarantineDir") or str(Path(self.path) / QUARANTINE_DIR)
+        self.retention_s = float(options.get("retentionSeconds", "3600"))
+        self.files_per_partition = int(options.get("filesPerPartition", "64"))
+        self._checked: set[str] = set()
+
+    def initialOffset(self) -> dict:
+        return {"streams": {}}
+
+    def _new_files(self, start: dict) -> list[ResultFile]:
+        done = start.get("streams", {})
+        return [f for f in list_result_files(self.path) if f.seq > done.get(f.stream, -1)]
+
+    def _readable(self, f: ResultFile) -> bool:
+        if f.path in self._checked:
+            return True
+        try:
+            problem = schema_problem(pq.read_schema(f.path))
+        except FileNotFoundError:
+            return False
+        except Exception as e:  # a corrupt footer, a truncated file
+            problem = f"cannot read the Parquet footer: {type(e).__name__}: {e}"
+        if problem is None:
+            self._checked.add(f.path)
+            return True
+        try:
+            quarantine(f.path, problem, self.quarantine_dir)
+        except FileNotFoundError:
+            pass
+        return False
+
+    def latestOffset(self, start: dict, limit: object) -> dict:
+        streams = dict(start.get("streams", {}))
+        for f in self._new_files(start):
+            if self._readable(f):
+                streams[f.stream] = max(f.seq, streams.get(f.stream, -1))
+        return {"streams": streams}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        until = end.get("streams", {})
+        paths = [f.path for f in self._new_files(start) if f.seq <= until.get(f.stream, -1)]
+        step = self.files_per_partition
+        return [_FilesPartition(paths[i:i + step]) for i in range(0, len(paths), step)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        for path in partition.paths:  # type: ignore[attr-defined]
+            try:
+                table = conform(pq.read_table(path))
+            except FileNotFoundError:
+                # Removed after it was planned (by hand): its rows are gone; the
+                # safety net answers their requests with the fallback.
+                logger.error("Result file %s vanished before it was read.", path)
+                continue
+            except Exception as e:  # a footer that parsed over data that does not
+                quarantine(path, f"cannot read the data: {type(e).__name__}: {e}",
+                           self.quarantine_dir)
+                continue
+            yield from table.to_batches()
+
+    def commit(self, end: dict) -> None:
+        until = end.get("streams", {})
+        cutoff = time.time() - self.retention_s
+        for f in list_result_files(self.path):
+            if f.seq <= until.get(f.stream, -1):
+                try:
+                    if os.stat(f.path).st_mtime < cutoff:
+                        os.unlink(f.path)
+                        self._checked.discard(f.path)
+                except FileNotFoundError:
+                    pass
+
+
+class ResultsDataSource(DataSource):
+    """``spark.readStream.format("sts_results").option("path", dir)``.
+
+    Options: ``path`` (the results folder, required), ``quarantineDir`` (default
+    ``<path>/quarantine``), ``retentionSeconds`` (keep read files this long, default
+    3600), ``filesPerPartition`` (default 64).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> object:
+        from spark_ext.schemas import spark_schema
+
+        return spark_schema(RESULT_SCHEMA)
+
+    def streamReader(self, schema: object) -> DataSourceStreamReader:
+        if not self.options.get("path"):
+            raise ValueError("the sts_results source needs option('path', <results folder>)")
+        return ResultsStreamReader(dict(self.options))
+
+
+def register_results_source(spark: object) -> None:
+    """Make ``format("sts_results")`` available on ``spark`` (idempotent)."""
+    spark.dataSource.register(ResultsDataSource)  # type: ignore[attr-defined]
