@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from sidecar.config import SchedulerConfig
-from sidecar.contract import RefusalReason
+from sidecar.contract import RefusalReason, attributes_problem
 from sidecar.request_state import SidecarRequest
 
 
@@ -61,6 +61,8 @@ def check_static(req: SidecarRequest, cfg: SchedulerConfig, *, model_names: froz
     if req.deadline_ts <= now_ms:
         return Refusal(RefusalReason.DEADLINE_PASSED,
                        f"deadline_ts={req.deadline_ts} is {now_ms - req.deadline_ts} ms in the past")
+    if problem := attributes_problem(req.attributes):
+        return Refusal(RefusalReason.ATTRIBUTES_TOO_LARGE, problem)
     return None
 
 

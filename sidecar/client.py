@@ -20,7 +20,19 @@ def request_to_proto(row: Mapping[str, Any]) -> pb.InferenceRequest:
     """Build a wire request from a mapping with the seed's field names.
 
     ``priority`` may be ``"high"``/``"normal"``/``"low"`` or the enum value;
-    ``None`` values and unknown keys are ignored.
+    ``None`` values and unknown keys are ignored. ``attributes`` (the event's key
+    columns, echoed on the result) is a mapping; ``None`` or missing means none,
+    values that are not strings are converted with ``str()`` and ``None`` values
+    are left out (the reader sees a missing key). ``submit_ts`` is epoch ms.
+
+    Example:
+        >>> msg = request_to_proto({"request_id": "r1", "priority": "high",
+        ...                         "attributes": {"ticket_id": "T-7", "shard": 3},
+        ...                         "submit_ts": 1_700_000_000_000})
+        >>> msg.priority == pb.PRIORITY_HIGH, sorted(msg.attributes.items()), msg.submit_ts
+        (True, [('shard', '3'), ('ticket_id', 'T-7')], 1700000000000)
+        >>> len(request_to_proto({"request_id": "r2", "attributes": None}).attributes)
+        0
     """
     fields = {k: v for k, v in row.items() if k in _REQUEST_FIELDS and v is not None}
     priority = fields.get("priority")
@@ -29,6 +41,9 @@ def request_to_proto(row: Mapping[str, Any]) -> pb.InferenceRequest:
             fields["priority"] = int(Priority.parse(priority))
         except ValueError:
             fields["priority"] = pb.PRIORITY_UNSPECIFIED
+    if (attributes := fields.get("attributes")) is not None:
+        fields["attributes"] = {str(k): v if isinstance(v, str) else str(v)
+                                for k, v in attributes.items() if v is not None}
     return pb.InferenceRequest(**fields)
 
 

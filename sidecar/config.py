@@ -16,6 +16,7 @@ from sidecar.contract import PRIORITY_NAMES, as_dataclass, build_sections, read_
 
 EngineKind = Literal["vllm", "simulated"]
 ResultChannelKind = Literal["files"]
+DeadlinePolicy = Literal["abort", "finish_and_backfill"]
 
 
 @dataclass
@@ -79,12 +80,26 @@ class PoolConfig:
     fallback_text: str = "Thanks for your message. An agent will get back to you shortly."
     """Rule fallback answer carried by every refusal and non-``ok`` result of this pool."""
 
+    on_deadline: DeadlinePolicy = "abort"
+    """What happens to a request still generating at its ``deadline_ts``. ``abort``:
+    it is aborted in the engine and ends ``timeout``. ``finish_and_backfill``: its
+    ``timeout`` row (with ``fallback_text``) is written at the deadline all the
+    same, but generation goes on as late work while no on-time request needs its
+    engine slot; if it completes, one more row follows (``ok``, ``late`` true)
+    that the reader uses to backfill the fallback answer. Requests still queued at
+    their deadline time out without engine work under either policy."""
+
+    DEADLINE_POLICIES: ClassVar[tuple[str, ...]] = ("abort", "finish_and_backfill")
+
     def __post_init__(self) -> None:
         for name in ("max_queued", "max_in_flight", "max_queue_delay_ms",
                      "max_tokens_in_flight", "weight"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"pool {name}={value!r} must be a positive integer")
+        if self.on_deadline not in self.DEADLINE_POLICIES:
+            raise ValueError(f"pool {self.on_deadline=} must be one of "
+                             f"{self.DEADLINE_POLICIES}")
 
 
 def _default_pools() -> dict[str, PoolConfig]:
@@ -224,7 +239,8 @@ class ServerConfig:
     """``host:port`` (loopback) or ``unix:///path/to.sock``."""
 
     sidecar_id: str | None = None
-    """Identity written into every result; defaults to ``<hostname>-<pid>``."""
+    """Identity written into every result and result file name; defaults to
+    ``<hostname>-<pid>``. Must not contain ``/``."""
 
     max_message_mb: int = 64
     """Largest gRPC message (a submitted batch), in MiB."""
@@ -242,6 +258,8 @@ class ServerConfig:
     """Address of the metrics endpoint (``0.0.0.0`` to let a remote Prometheus scrape)."""
 
     def __post_init__(self) -> None:
+        if self.sidecar_id is not None and (not self.sidecar_id or "/" in self.sidecar_id):
+            raise ValueError(f"{self.sidecar_id=} must be non-empty and contain no '/'")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"{self.metrics_port=} must be a TCP port")
 

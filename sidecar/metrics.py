@@ -6,11 +6,13 @@ on the global one; keeping ours apart keeps the endpoint small and lint-clean):
 * **Histograms** of each terminal result, observed as it is emitted: time to
   first token, time per output token and end-to-end latency (receive to
   finish), per priority; and a counter of results by priority, status and
-  reason (every shed is counted with its priority and reason).
+  reason (every shed is counted with its priority and reason). Late rows
+  (``finish_and_backfill``) are not terminal: they are counted apart, in
+  ``late_results`` by priority, and in nothing else.
 * **Live figures** read from :meth:`Scheduler.stats` at scrape time: queue
   depth, in-flight requests and tokens per pool, estimated queue wait, engine
   output tokens/s, KV-cache usage and prefix-cache hit ratio, submitted,
-  accepted and duplicate (dedupe hit) counts.
+  accepted and duplicate (dedupe hit) counts, late work running and aborted.
 
 Names follow Prometheus conventions: ``sts_sidecar_`` prefix, base units
 (seconds, ratios 0..1), ``_total`` on counters.
@@ -81,6 +83,9 @@ class _LiveCollector(Collector):
                               s.prompt_tokens_total),
             "cached_prompt_tokens": ("Prompt tokens served from the prefix cache.",
                                      s.cached_tokens_total),
+            "late_work_aborted": ("Requests generating past their deadline "
+                                  "(finish_and_backfill) aborted without a late result.",
+                                  s.late_aborted),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))
@@ -90,6 +95,9 @@ class _LiveCollector(Collector):
             "prefix_cache_hit_ratio": ("Prefix-cache hits over lookups (engine counters when "
                                        "it keeps them).", s.prefix_cache_hit_rate),
             "draining": ("1 while the sidecar drains for shutdown.", float(s.draining)),
+            "late_in_flight_requests": ("Requests generating past their deadline "
+                                        "(finish_and_backfill late work).",
+                                        float(s.late_in_flight)),
         }
         if s.engine.kv_cache_usage is not None:
             gauges["kv_cache_usage_ratio"] = ("Share of the engine's KV cache in use.",
@@ -123,6 +131,10 @@ class SidecarMetrics:
         self.results = Counter(
             f"{_PREFIX}_results", "Terminal results by priority, status and refusal reason.",
             ["priority", "status", "reason"], registry=self.registry)
+        self.late_results = Counter(
+            f"{_PREFIX}_late_results", "Late ok results by priority (finish_and_backfill; "
+            "the request's terminal result was timeout).", ["priority"],
+            registry=self.registry)
         self.ttft = Histogram(
             f"{_PREFIX}_time_to_first_token_seconds",
             "Receive to first generated token (includes queue wait).", ["priority"],
@@ -138,8 +150,12 @@ class SidecarMetrics:
         self.registry.register(_LiveCollector(scheduler, loop))
 
     def observe(self, record: ResultRecord) -> None:
-        """Count one terminal result (call it for every result emitted)."""
+        """Count one result (call it for every result emitted); a late row counts
+        only in ``late_results``."""
         priority = record.priority or "unknown"
+        if record.late:
+            self.late_results.labels(priority).inc()
+            return
         self.results.labels(priority, record.status, record.reason or "none").inc()
         self.e2e.labels(priority, record.status).observe(
             max(0.0, (record.finish_ts - record.received_ts) / 1000.0))

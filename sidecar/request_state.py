@@ -3,6 +3,11 @@
 Every state after ``RUNNING`` is terminal, so :meth:`RequestStatus.is_finished`
 is one comparison, and :data:`_FINISHED_STATUS_MAP` is the only mapping from a
 terminal state to the external ``status`` string.
+
+A request of a ``finish_and_backfill`` pool that is still generating at its
+deadline becomes ``FINISHED_EXPIRED`` there (its terminal row) and is marked
+:attr:`SidecarRequest.late` while generation goes on; if it completes, its one
+late row comes from :meth:`ResultRecord.late_from_request`.
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ class SidecarRequest:
     cache_key: str = ""
     callback_topic: str = ""
     seed: int | None = None
+    attributes: dict[str, str] = field(default_factory=dict)
+    """The event's key columns, echoed unchanged on every result row."""
+    submit_ts: int = 0
+    """When the Spark task sent the request (epoch ms; 0 = not set), echoed on results."""
     received_ts: int = field(default_factory=now_ms)
     prompt_token_ids: list[int] = field(default_factory=list, repr=False)
     status: RequestStatus = RequestStatus.QUEUED
@@ -81,6 +90,10 @@ class SidecarRequest:
     """Why it was refused or shed, if it was."""
     fallback_text: str = ""
     """The pool's rule fallback answer, carried by a result that is not ``ok``."""
+    late: bool = False
+    """Its terminal ``timeout`` row is out and it is still generating for a late
+    ``ok`` row (``finish_and_backfill``); it keeps its engine slot only while no
+    on-time request needs one."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -118,14 +131,32 @@ class ResultRecord:
     callback_topic: str
     reason: str = ""
     fallback_text: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)
+    submit_ts: int = 0
+    late: bool = False
+    """True only on the one ``ok`` row that follows a ``timeout`` row of the same
+    request (``finish_and_backfill``); such a row is never terminal."""
 
     @classmethod
     def from_request(cls, req: SidecarRequest, sidecar_id: str) -> "ResultRecord":
         """Build the terminal row of a finished request, deriving TTFT and TPOT."""
         if not req.status.is_finished():
             raise ValueError(f"request {req.request_id!r} is not finished ({req.status.name})")
+        return cls._build(req, sidecar_id, req.status.external, late=False)
+
+    @classmethod
+    def late_from_request(cls, req: SidecarRequest, sidecar_id: str) -> "ResultRecord":
+        """Build the late ``ok`` row of a request whose generation finished after its
+        terminal ``timeout`` row (``req.finish_ts`` and ``req.finish_reason`` are the
+        generation's own)."""
+        if not req.late:
+            raise ValueError(f"request {req.request_id!r} is not late work")
+        return cls._build(req, sidecar_id, Status.OK, late=True)
+
+    @classmethod
+    def _build(cls, req: SidecarRequest, sidecar_id: str, status: Status, *,
+               late: bool) -> "ResultRecord":
         finish_ts = req.finish_ts if req.finish_ts is not None else now_ms()
-        status = req.status.external
         ok = status is Status.OK
         ttft = tpot = None
         if req.first_token_ts is not None:
@@ -147,12 +178,15 @@ class ResultRecord:
             finish_ts=finish_ts,
             ttft_ms=ttft,
             tpot_ms=tpot,
-            error=req.error,
+            error=None if late else req.error,
             sidecar_id=sidecar_id,
             model=req.model,
             priority=str(req.priority) if isinstance(req.priority, Priority) else "",
             deadline_ts=req.deadline_ts,
             callback_topic=req.callback_topic,
-            reason=str(req.reason) if req.reason is not None else "",
+            reason=str(req.reason) if req.reason is not None and not late else "",
             fallback_text="" if ok else req.fallback_text,
+            attributes=dict(req.attributes),
+            submit_ts=req.submit_ts,
+            late=late,
         )

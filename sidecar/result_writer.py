@@ -1,22 +1,33 @@
 """The ``files`` result channel: Parquet files appended atomically to a directory.
 
 Each flush writes one file under a hidden temporary name and renames it into
-place (:func:`sidecar.contract.write_parquet_atomically`), so a reader (Spark's file source, Auto Loader, pyarrow)
-never sees a partial file. Pending results are flushed at least every
-``flush_interval_s`` and as soon as ``max_rows_per_file`` are pending.
+place (:func:`sidecar.contract.write_parquet_atomically`), so a reader (Spark's
+file source, Auto Loader, pyarrow) never sees a partial file. Pending results are
+flushed at least every ``flush_interval_s`` and as soon as ``max_rows_per_file``
+are pending.
+
+Files are named by :func:`sidecar.contract.result_file_name`: the writer's start
+time (its incarnation), a sequence number that counts its files from 0 without
+gaps, and the sidecar id. Files are written one at a time under a lock, so they
+become visible strictly in sequence order, and a failed write is retried under
+the same number.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from pathlib import Path
 
 import pyarrow as pa
 
 from sidecar.config import ResultChannelConfig
-from sidecar.contract import RESULT_SCHEMA, now_ms, write_parquet_atomically
+from sidecar.contract import (
+    RESULT_SCHEMA,
+    now_ms,
+    result_file_name,
+    write_parquet_atomically,
+)
 from sidecar.request_state import ResultRecord
 
 logger = logging.getLogger(__name__)
@@ -29,7 +40,8 @@ class ParquetResultWriter:
 
     Args:
         config: Directory, flush interval and file size.
-        sidecar_id: Part of every file name, so several sidecars can share a directory.
+        sidecar_id: Part of every file name, so several sidecars can share a directory
+            (no ``/``).
 
     Inside the event loop: ``writer.start()``, then ``writer.emit(record)`` per
     result, and ``await writer.close()`` to write what is pending.
@@ -40,8 +52,12 @@ class ParquetResultWriter:
         self.sidecar_id = sidecar_id
         self.directory = Path(config.results_dir)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.incarnation_ms = now_ms()
+        """Start of this writer (epoch ms): with ``sidecar_id``, its stream of files."""
+        result_file_name(self.incarnation_ms, 0, sidecar_id)  # fail early on a bad id
         self._pending: list[ResultRecord] = []
-        self._seq = itertools.count()
+        self._seq = 0
+        """Sequence number of the next file (only advanced by a file that was written)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -94,16 +110,19 @@ class ParquetResultWriter:
                 logger.exception("Writing results to %s failed; will retry.", self.directory)
 
     def _write_file(self, rows: list[ResultRecord]) -> None:
-        columns = {name: [] for name in _COLUMNS}
+        """Write one file (called under ``_write_lock``, so one at a time, in seq order)."""
+        columns: dict[str, list] = {name: [] for name in _COLUMNS}
         for row in rows:
             for name in _COLUMNS:
                 columns[name].append(getattr(row, name))
+        columns["attributes"] = [list(a.items()) for a in columns["attributes"]]
         table = pa.table(columns, schema=RESULT_SCHEMA)
-        name = f"part-{now_ms()}-{self.sidecar_id}-{next(self._seq):08d}.parquet"
+        name = result_file_name(self.incarnation_ms, self._seq, self.sidecar_id)
         try:
             write_parquet_atomically(table, self.directory, name)
         except BaseException:
-            self._pending[:0] = rows  # put them back, in order
+            self._pending[:0] = rows  # put them back, in order; the seq is reused
             raise
+        self._seq += 1
         self.rows_written += len(rows)
         self.files_written += 1

@@ -29,6 +29,16 @@ deadline; cancelling it aborts the request inside the engine.
 
 Every request with a ``request_id`` ends in exactly one terminal result, written
 through :meth:`_finish`, which ignores a second finish of the same request.
+
+At the deadline of a running request its pool's ``on_deadline`` decides. ``abort``:
+the request is aborted in the engine and ends ``timeout``. ``finish_and_backfill``:
+the ``timeout`` row is written at once (:meth:`_deadline_passed_running`), and the
+request goes on generating as *late work*: it leaves its pool's quota and, to the
+estimator, looks like a request aborted at its deadline, but it keeps its engine
+slot (it counts in ``max_in_flight``) until an on-time request needs that slot;
+then the dispatcher aborts it first (:meth:`_make_room`). Late work that completes
+gets one more row, ``ok`` with ``late`` true (:meth:`_finish_late`); late work that
+is aborted (for a slot, by the drain, or by shutdown) or fails gets none.
 """
 
 from __future__ import annotations
@@ -74,6 +84,9 @@ class Scheduler:
         self.picker = WeightedPicker({p: pool.config.weight for p, pool in self.pools.items()})
         self.estimator = ServiceRateEstimator()
         self._in_flight_total = 0
+        self._late: dict[str, tuple[SidecarRequest, int]] = {}
+        """Late work holding an engine slot: id -> (request, output tokens its
+        terminal row reported)."""
         self.load = LoadControl(config, self.pools, self.estimator,
                                 in_flight=lambda: self._in_flight_total)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -259,7 +272,7 @@ class Scheduler:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._in_flight_total < self.config.max_in_flight:
+            while self._in_flight_total < self.config.max_in_flight or self._make_room():
                 req = self._next_request()
                 if req is None:
                     break
@@ -288,12 +301,15 @@ class Scheduler:
             seed=req.seed,
             priority=int(req.priority),
         )
-        remaining_s = (req.deadline_ts - now_ms()) / 1000.0
+        remaining_s = max((req.deadline_ts - now_ms()) / 1000.0, 0.0)
+        backfill = self.pools[req.priority].config.on_deadline == "finish_and_backfill"
+        late_timer = (asyncio.get_running_loop().call_later(
+            remaining_s, self._deadline_passed_running, req) if backfill else None)
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
         first_token_at = last_token_at = None
         try:
-            async with asyncio.timeout(max(remaining_s, 0.0)):
+            async with asyncio.timeout(None if backfill else remaining_s):
                 async for progress in self.engine.generate(engine_req):
                     if progress.output_tokens > req.output_tokens:
                         last_token_at = time.monotonic()
@@ -324,21 +340,106 @@ class Scheduler:
             req.error = f"{type(e).__name__}: {e}"
             logger.exception("Request %s failed in the engine.", req.request_id)
         finally:
-            self.pools[req.priority].stopped(req)
-            self._in_flight_total -= 1
+            if late_timer is not None:
+                late_timer.cancel()
+            late = self._late.pop(req.request_id, None)
+            if not req.late:  # late work left its pool at the deadline
+                self.pools[req.priority].stopped(req)
+            if not req.late or late is not None:  # _abort_late freed the slot already
+                self._in_flight_total -= 1
             self._tasks.pop(req.request_id, None)
             self.counters.prompt_tokens_total += req.prompt_tokens
             self.counters.cached_tokens_total += req.cached_tokens
             if first_token_at is not None:
-                completed = status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
+                completed = (status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
+                             and not req.late)  # to the estimator, late work was aborted
                 tpot = ((last_token_at - first_token_at) / (req.output_tokens - 1)
                         if last_token_at is not None and req.output_tokens > 1 else None)
                 self.estimator.observe_finish(
                     req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
                     output_tokens=req.output_tokens if completed else 0,
                     max_tokens=req.max_tokens)
-            self._finish(req, status, finish_reason)
+            if not req.late:
+                self._finish(req, status, finish_reason)
+            elif late is not None:
+                self._end_late_work(req, status, finish_reason, tokens_counted=late[1])
             self._wake.set()
+            self._update_idle()
+
+    # ------------------------------------------------------------------ late work
+
+    def _deadline_passed_running(self, req: SidecarRequest) -> None:
+        """The deadline of a running request of a ``finish_and_backfill`` pool: write
+        its ``timeout`` row now and keep generating as late work (while draining,
+        abort it instead)."""
+        if req.status is not RequestStatus.RUNNING:
+            return
+        assert req.priority is not None
+        if self.draining:
+            req.error = (f"deadline passed after {req.output_tokens} output tokens; "
+                         "aborted (draining)")
+            self._finish(req, RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT)
+            if task := self._tasks.get(req.request_id):
+                task.cancel()
+            return
+        req.error = (f"deadline passed after {req.output_tokens} output tokens; generation "
+                     "continues for a late result")
+        self._finish(req, RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT)
+        req.late = True
+        self.pools[req.priority].stopped(req)
+        self._late[req.request_id] = (req, req.output_tokens)
+        if self.log_requests:
+            logger.info("Request %s passed its deadline; continuing as late work.",
+                        req.request_id)
+        self._wake.set()  # its pool's quota is free for on-time work
+
+    def _make_room(self) -> bool:
+        """The engine is full: abort one late request if an on-time one is waiting for
+        a slot (lowest priority first, then the most overdue). Returns whether a slot
+        was freed."""
+        if not self._late:
+            return False
+        if not any((head := pool.head()) is not None and pool.has_room_for(head)
+                   for pool in self.pools.values()):
+            return False
+        victim = max((r for r, _ in self._late.values()),
+                     key=lambda r: (int(r.priority or 0), -r.deadline_ts))
+        self._abort_late(victim, "an on-time request needed its engine slot")
+        return True
+
+    def _abort_late(self, req: SidecarRequest, why: str) -> None:
+        """Abort late work now: its slot is free at once, and it gets no late row."""
+        if self._late.pop(req.request_id, None) is None:
+            return
+        self._in_flight_total -= 1
+        self.counters.late_aborted += 1
+        logger.info("Aborted late work %s (%s); it gets no late result.", req.request_id, why)
+        if task := self._tasks.get(req.request_id):
+            task.cancel()
+        self._update_idle()
+
+    def _end_late_work(self, req: SidecarRequest, status: RequestStatus,
+                       finish_reason: FinishReason, *, tokens_counted: int) -> None:
+        """Late work left the engine by itself: completed (one late row) or not (none)."""
+        if status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH):
+            self._finish_late(req, finish_reason, tokens_counted=tokens_counted)
+        else:
+            self.counters.late_aborted += 1
+            logger.info("Late work %s ended without a late result: %s.",
+                        req.request_id, req.error)
+        self._update_idle()
+
+    def _finish_late(self, req: SidecarRequest, finish_reason: FinishReason, *,
+                     tokens_counted: int) -> None:
+        """Emit the one late ``ok`` row of a request whose terminal row was ``timeout``;
+        it is counted as a late result, never as a terminal one."""
+        req.finish_reason = finish_reason
+        req.finish_ts = now_ms()
+        record = ResultRecord.late_from_request(req, self.sidecar_id)
+        self.counters.late_finished(record, tokens_counted=tokens_counted)
+        if self.log_requests:
+            logger.info("Late result for request %s.", req.request_id)
+        self._emit(record)
 
     # ------------------------------------------------------------------ results
 
@@ -377,6 +478,8 @@ class Scheduler:
         """Refuse new requests, let queued and running ones finish (or hit their
         deadlines) for up to ``timeout_s``, then abort what is left."""
         self.draining = True
+        for req, _ in list(self._late.values()):
+            self._abort_late(req, "sidecar is draining")
         try:
             async with asyncio.timeout(timeout_s):
                 await self._idle.wait()
@@ -439,4 +542,7 @@ class Scheduler:
             prompt_tokens_total=c.prompt_tokens_total,
             cached_tokens_total=c.cached_tokens_total,
             draining=self.draining,
+            late_results=c.late_results,
+            late_aborted=c.late_aborted,
+            late_in_flight=len(self._late),
         )

@@ -32,6 +32,8 @@ def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
         cache_key=msg.cache_key,
         callback_topic=msg.callback_topic,
         seed=msg.seed if msg.HasField("seed") else None,
+        attributes=dict(msg.attributes),
+        submit_ts=msg.submit_ts,
     )
 
 
@@ -83,6 +85,9 @@ def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, mode
         engine_running=e.running or 0,
         engine_waiting=e.waiting or 0,
         tokens_in_flight=s.tokens_in_flight,
+        late_results=s.late_results,
+        late_aborted=s.late_aborted,
+        late_in_flight=s.late_in_flight,
     )
 
 
@@ -99,7 +104,8 @@ def result_to_proto(r: ResultRecord) -> pb.Result:
         deadline_ts=r.deadline_ts, callback_topic=r.callback_topic,
         reason=int(RefusalReason[r.reason.upper()]) if r.reason else
         pb.REFUSAL_REASON_UNSPECIFIED,
-        fallback_text=r.fallback_text)
+        fallback_text=r.fallback_text, attributes=r.attributes, submit_ts=r.submit_ts,
+        late=r.late)
 
 
 def _ack_as_result(ack: Ack, msg: pb.InferenceRequest, sidecar_id: str) -> pb.Result:
@@ -110,7 +116,8 @@ def _ack_as_result(ack: Ack, msg: pb.InferenceRequest, sidecar_id: str) -> pb.Re
                      finish_ts=ack.received_ts, error=detail, sidecar_id=sidecar_id,
                      priority=msg.priority, deadline_ts=msg.deadline_ts,
                      reason=int(ack.reason) if ack.reason else pb.REFUSAL_REASON_UNSPECIFIED,
-                     fallback_text=ack.fallback_text)
+                     fallback_text=ack.fallback_text, attributes=msg.attributes,
+                     submit_ts=msg.submit_ts)
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):

@@ -48,6 +48,12 @@ class SchedulerStats:
     prompt_tokens_total: int
     cached_tokens_total: int
     draining: bool
+    late_results: int = 0
+    """Late ``ok`` rows emitted (``finish_and_backfill``); not in ``results_by_status``."""
+    late_aborted: int = 0
+    """Late work aborted without a late row (to free a slot for on-time work, drain)."""
+    late_in_flight: int = 0
+    """Requests generating past their deadline now."""
 
     @property
     def queued(self) -> dict[Priority, int]:
@@ -81,6 +87,10 @@ class SchedulerCounters:
     duplicates: int = 0
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
+    late_results: int = 0
+    """Late ``ok`` rows: counted here only, never again as terminal results."""
+    late_aborted: int = 0
+    """Late work aborted without a late row."""
     results_by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     refusals_by_reason: dict[str, int] = field(
         default_factory=lambda: {str(r): 0 for r in RefusalReason})
@@ -96,6 +106,14 @@ class SchedulerCounters:
         if record.output_tokens:
             self._token_events.append((time.monotonic(), record.output_tokens))
             self._trim()  # bounded even when nobody reads the stats
+
+    def late_finished(self, record: ResultRecord, *, tokens_counted: int) -> None:
+        """Count one late row; ``tokens_counted`` of its output tokens were already
+        counted with its terminal row."""
+        self.late_results += 1
+        if (extra := record.output_tokens - tokens_counted) > 0:
+            self._token_events.append((time.monotonic(), extra))
+            self._trim()
 
     def output_tokens_per_s(self) -> float:
         self._trim()

@@ -2,8 +2,8 @@
 
 This is the only part of the ``sidecar`` package, besides :mod:`sidecar.client` and
 the generated wire code in :mod:`sidecar.pb`, that other packages import: the
-result schema, the wire enums, the clock, atomic landing-folder writes and the
-config-file loader.
+result schema, the result file names, the wire enums, the clock, atomic
+landing-folder writes and the config-file loader.
 """
 
 # From sidecar.contract.clock
@@ -19,31 +19,47 @@ from sidecar.contract.files import (
     write_text_atomically,
 )
 
+# From sidecar.contract.result_files
+from sidecar.contract.result_files import (
+    ResultFileKey,
+    parse_result_file_name,
+    result_file_name,
+)
+
 # From sidecar.contract.schema
 from sidecar.contract.schema import RESULT_SCHEMA
 
 # From sidecar.contract.wire
 from sidecar.contract.wire import (
+    MAX_ATTRIBUTE_BYTES,
+    MAX_ATTRIBUTE_KEYS,
     PRIORITY_NAMES,
     STATUSES,
     FinishReason,
     Priority,
     RefusalReason,
     Status,
+    attributes_problem,
 )
 
 __all__ = [
+    "MAX_ATTRIBUTE_BYTES",
+    "MAX_ATTRIBUTE_KEYS",
     "PRIORITY_NAMES",
     "RESULT_SCHEMA",
     "STATUSES",
     "FinishReason",
     "Priority",
     "RefusalReason",
+    "ResultFileKey",
     "Status",
     "as_dataclass",
+    "attributes_problem",
     "build_sections",
     "now_ms",
+    "parse_result_file_name",
     "read_yaml",
+    "result_file_name",
     "write_atomically",
     "write_parquet_atomically",
     "write_text_atomically",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-#: One row per terminal request. Timestamps are epoch milliseconds.
+#: One row per terminal request (``late`` false), plus, for a request of a
+#: ``finish_and_backfill`` pool that was still generating at its deadline, at most
+#: one later ``ok`` row with ``late`` true. Timestamps are epoch milliseconds.
 RESULT_SCHEMA = pa.schema(
     [
         pa.field("request_id", pa.string(), nullable=False),
@@ -29,5 +31,8 @@ RESULT_SCHEMA = pa.schema(
         pa.field("callback_topic", pa.string()),
         pa.field("reason", pa.string()),
         pa.field("fallback_text", pa.string()),
+        pa.field("attributes", pa.map_(pa.string(), pa.string())),
+        pa.field("submit_ts", pa.int64()),
+        pa.field("late", pa.bool_(), nullable=False),
     ]
 )

@@ -1,7 +1,8 @@
 """The enumerations of the ``sts.v1`` contract, as Python enums.
 
-Priorities, result statuses, refusal reasons and finish reasons: what the
-sidecar writes and what the Spark side and the benchmarks read. Numeric values
+Priorities, result statuses, refusal reasons, finish reasons and the limits on a
+request's ``attributes``: what the sidecar writes and what the Spark side and the
+benchmarks read. Numeric values
 follow the wire enums of ``proto/sts/v1/inference.proto``; ``str()`` of each
 member is the external string written into result rows and tables.
 """
@@ -9,6 +10,7 @@ member is the external string written into result rows and tables.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 
@@ -101,6 +103,7 @@ class RefusalReason(enum.IntEnum):
     DRAINING = pb.REFUSAL_REASON_DRAINING
     OVERLOADED = pb.REFUSAL_REASON_OVERLOADED
     QUEUE_DELAY_EXCEEDED = pb.REFUSAL_REASON_QUEUE_DELAY_EXCEEDED
+    ATTRIBUTES_TOO_LARGE = pb.REFUSAL_REASON_ATTRIBUTES_TOO_LARGE
 
     def __str__(self) -> str:
         return self.name.lower()
@@ -120,3 +123,32 @@ _SHED_REASONS = frozenset(
     {RefusalReason.QUEUE_FULL, RefusalReason.DEADLINE_INFEASIBLE, RefusalReason.DRAINING,
      RefusalReason.OVERLOADED, RefusalReason.QUEUE_DELAY_EXCEEDED}
 )
+
+
+#: Most keys a request's ``attributes`` may have.
+MAX_ATTRIBUTE_KEYS = 32
+#: Most bytes a request's ``attributes`` may hold: UTF-8 keys plus values, summed.
+MAX_ATTRIBUTE_BYTES = 1024
+
+
+def attributes_problem(attributes: Mapping[str, str]) -> str | None:
+    """Why ``attributes`` exceeds the contract's limits, or ``None`` when it fits.
+
+    A request whose attributes do not fit is refused with
+    :attr:`RefusalReason.ATTRIBUTES_TOO_LARGE` (status ``rejected``).
+
+    Example:
+        >>> attributes_problem({"ticket_id": "T-1", "customer": "c-9"}) is None
+        True
+        >>> attributes_problem({f"k{i}": "" for i in range(33)})
+        'attributes has 33 keys; limit 32'
+        >>> attributes_problem({"note": "x" * 1100})
+        'attributes hold 1104 bytes (UTF-8 keys plus values); limit 1024'
+    """
+    if len(attributes) > MAX_ATTRIBUTE_KEYS:
+        return f"attributes has {len(attributes)} keys; limit {MAX_ATTRIBUTE_KEYS}"
+    size = sum(len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in attributes.items())
+    if size > MAX_ATTRIBUTE_BYTES:
+        return (f"attributes hold {size} bytes (UTF-8 keys plus values); "
+                f"limit {MAX_ATTRIBUTE_BYTES}")
+    return None

@@ -24,13 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sts/v1/inference.proto\x12\x06sts.v1\"\x94\x02\n\x10InferenceRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\"\n\x08priority\x18\x03 \x01(\x0e\x32\x10.sts.v1.Priority\x12\x12\n\nenqueue_ts\x18\x04 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_ts\x18\x05 \x01(\x03\x12\r\n\x05model\x18\x06 \x01(\t\x12\x0e\n\x06prompt\x18\x07 \x01(\t\x12\x12\n\nmax_tokens\x18\x08 \x01(\x05\x12\x13\n\x0btemperature\x18\t \x01(\x02\x12\x11\n\tcache_key\x18\n \x01(\t\x12\x16\n\x0e\x63\x61llback_topic\x18\x0b \x01(\t\x12\x11\n\x04seed\x18\x0c \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"@\n\x12SubmitBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.sts.v1.InferenceRequest\"\xa7\x01\n\tSubmitAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12%\n\x06reason\x18\x03 \x01(\x0e\x32\x15.sts.v1.RefusalReason\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x11\n\tduplicate\x18\x05 \x01(\x08\x12\x13\n\x0breceived_ts\x18\x06 \x01(\x03\x12\x15\n\rfallback_text\x18\x07 \x01(\t\"J\n\x13SubmitBatchResponse\x12\x1f\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x11.sts.v1.SubmitAck\x12\x12\n\nsidecar_id\x18\x02 \x01(\t\"\xef\x03\n\x06Result\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\x1e\n\x06status\x18\x03 \x01(\x0e\x32\x0e.sts.v1.Status\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x05\x12\x15\n\routput_tokens\x18\x07 \x01(\x05\x12\x15\n\rcached_tokens\x18\x08 \x01(\x05\x12\x12\n\nenqueue_ts\x18\t \x01(\x03\x12\x13\n\x0breceived_ts\x18\n \x01(\x03\x12\x16\n\x0e\x66irst_token_ts\x18\x0b \x01(\x03\x12\x11\n\tfinish_ts\x18\x0c \x01(\x03\x12\x0f\n\x07ttft_ms\x18\r \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x0e \x01(\x01\x12\r\n\x05\x65rror\x18\x0f \x01(\t\x12\x12\n\nsidecar_id\x18\x10 \x01(\t\x12\r\n\x05model\x18\x11 \x01(\t\x12\"\n\x08priority\x18\x12 \x01(\x0e\x32\x10.sts.v1.Priority\x12\x13\n\x0b\x64\x65\x61\x64line_ts\x18\x13 \x01(\x03\x12\x16\n\x0e\x63\x61llback_topic\x18\x14 \x01(\t\x12%\n\x06reason\x18\x15 \x01(\x0e\x32\x15.sts.v1.RefusalReason\x12\x15\n\rfallback_text\x18\x16 \x01(\t\"\x11\n\x0fGetStatsRequest\"\x97\x04\n\tPoolStats\x12\"\n\x08priority\x18\x01 \x01(\x0e\x32\x10.sts.v1.Priority\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x18\n\x10tokens_in_flight\x18\x04 \x01(\x03\x12\x12\n\nmax_queued\x18\x05 \x01(\x05\x12\x15\n\rmax_in_flight\x18\x06 \x01(\x05\x12\x1c\n\x14max_tokens_in_flight\x18\x07 \x01(\x03\x12\x1a\n\x12max_queue_delay_ms\x18\x08 \x01(\x03\x12\x1f\n\x17\x65stimated_queue_wait_ms\x18\t \x01(\x01\x12\x0f\n\x07ttft_ms\x18\n \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x0b \x01(\x01\x12;\n\x0eshed_by_reason\x18\x0c \x03(\x0b\x32#.sts.v1.PoolStats.ShedByReasonEntry\x12\x41\n\x11results_by_status\x18\r \x03(\x0b\x32&.sts.v1.PoolStats.ResultsByStatusEntry\x12\x14\n\x0cmet_deadline\x18\x0e \x01(\x03\x1a\x33\n\x11ShedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x36\n\x14ResultsByStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xa3\x05\n\x10GetStatsResponse\x12\x12\n\nsidecar_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12 \n\x05pools\x18\x04 \x03(\x0b\x32\x11.sts.v1.PoolStats\x12\x11\n\tsubmitted\x18\x05 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x03\x12\x12\n\nduplicates\x18\x07 \x01(\x03\x12H\n\x11results_by_status\x18\x08 \x03(\x0b\x32-.sts.v1.GetStatsResponse.ResultsByStatusEntry\x12J\n\x12refusals_by_reason\x18\t \x03(\x0b\x32..sts.v1.GetStatsResponse.RefusalsByReasonEntry\x12\x1b\n\x13output_tokens_per_s\x18\n \x01(\x01\x12\x1b\n\x13prompt_tokens_total\x18\x0b \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_tokens_total\x18\x0c \x01(\x03\x12\x1d\n\x15prefix_cache_hit_rate\x18\r \x01(\x01\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12\x10\n\x08uptime_s\x18\x0f \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\x10 \x01(\x01\x12\x16\n\x0e\x65ngine_running\x18\x11 \x01(\x05\x12\x16\n\x0e\x65ngine_waiting\x18\x12 \x01(\x05\x12\x18\n\x10tokens_in_flight\x18\x13 \x01(\x03\x1a\x36\n\x14ResultsByStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x37\n\x15RefusalsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*^\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x11\n\rPRIORITY_HIGH\x10\x01\x12\x13\n\x0fPRIORITY_NORMAL\x10\x02\x12\x10\n\x0cPRIORITY_LOW\x10\x03*{\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x12\n\x0eSTATUS_TIMEOUT\x10\x02\x12\x0f\n\x0bSTATUS_SHED\x10\x03\x12\x13\n\x0fSTATUS_REJECTED\x10\x04\x12\x10\n\x0cSTATUS_ERROR\x10\x05*\x8b\x04\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12%\n!REFUSAL_REASON_MISSING_REQUEST_ID\x10\x01\x12\x1f\n\x1bREFUSAL_REASON_EMPTY_PROMPT\x10\x02\x12\"\n\x1eREFUSAL_REASON_PROMPT_TOO_LONG\x10\x03\x12*\n&REFUSAL_REASON_MAX_TOKENS_OUT_OF_RANGE\x10\x04\x12+\n\'REFUSAL_REASON_TEMPERATURE_OUT_OF_RANGE\x10\x05\x12#\n\x1fREFUSAL_REASON_UNKNOWN_PRIORITY\x10\x06\x12 \n\x1cREFUSAL_REASON_UNKNOWN_MODEL\x10\x07\x12\"\n\x1eREFUSAL_REASON_DEADLINE_PASSED\x10\x08\x12\x1d\n\x19REFUSAL_REASON_QUEUE_FULL\x10\t\x12&\n\"REFUSAL_REASON_DEADLINE_INFEASIBLE\x10\n\x12\x1b\n\x17REFUSAL_REASON_DRAINING\x10\x0b\x12\x1d\n\x19REFUSAL_REASON_OVERLOADED\x10\x0c\x12\'\n#REFUSAL_REASON_QUEUE_DELAY_EXCEEDED\x10\r2\xc8\x01\n\tInference\x12\x46\n\x0bSubmitBatch\x12\x1a.sts.v1.SubmitBatchRequest\x1a\x1b.sts.v1.SubmitBatchResponse\x12=\n\x08GetStats\x12\x17.sts.v1.GetStatsRequest\x1a\x18.sts.v1.GetStatsResponse\x12\x34\n\x08Generate\x12\x18.sts.v1.InferenceRequest\x1a\x0e.sts.v1.Resultb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sts/v1/inference.proto\x12\x06sts.v1\"\x98\x03\n\x10InferenceRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\"\n\x08priority\x18\x03 \x01(\x0e\x32\x10.sts.v1.Priority\x12\x12\n\nenqueue_ts\x18\x04 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_ts\x18\x05 \x01(\x03\x12\r\n\x05model\x18\x06 \x01(\t\x12\x0e\n\x06prompt\x18\x07 \x01(\t\x12\x12\n\nmax_tokens\x18\x08 \x01(\x05\x12\x13\n\x0btemperature\x18\t \x01(\x02\x12\x11\n\tcache_key\x18\n \x01(\t\x12\x16\n\x0e\x63\x61llback_topic\x18\x0b \x01(\t\x12\x11\n\x04seed\x18\x0c \x01(\x03H\x00\x88\x01\x01\x12<\n\nattributes\x18\r \x03(\x0b\x32(.sts.v1.InferenceRequest.AttributesEntry\x12\x11\n\tsubmit_ts\x18\x0e \x01(\x03\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05_seed\"@\n\x12SubmitBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.sts.v1.InferenceRequest\"\xa7\x01\n\tSubmitAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12%\n\x06reason\x18\x03 \x01(\x0e\x32\x15.sts.v1.RefusalReason\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x11\n\tduplicate\x18\x05 \x01(\x08\x12\x13\n\x0breceived_ts\x18\x06 \x01(\x03\x12\x15\n\rfallback_text\x18\x07 \x01(\t\"J\n\x13SubmitBatchResponse\x12\x1f\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x11.sts.v1.SubmitAck\x12\x12\n\nsidecar_id\x18\x02 \x01(\t\"\xf7\x04\n\x06Result\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\x1e\n\x06status\x18\x03 \x01(\x0e\x32\x0e.sts.v1.Status\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x05\x12\x15\n\routput_tokens\x18\x07 \x01(\x05\x12\x15\n\rcached_tokens\x18\x08 \x01(\x05\x12\x12\n\nenqueue_ts\x18\t \x01(\x03\x12\x13\n\x0breceived_ts\x18\n \x01(\x03\x12\x16\n\x0e\x66irst_token_ts\x18\x0b \x01(\x03\x12\x11\n\tfinish_ts\x18\x0c \x01(\x03\x12\x0f\n\x07ttft_ms\x18\r \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x0e \x01(\x01\x12\r\n\x05\x65rror\x18\x0f \x01(\t\x12\x12\n\nsidecar_id\x18\x10 \x01(\t\x12\r\n\x05model\x18\x11 \x01(\t\x12\"\n\x08priority\x18\x12 \x01(\x0e\x32\x10.sts.v1.Priority\x12\x13\n\x0b\x64\x65\x61\x64line_ts\x18\x13 \x01(\x03\x12\x16\n\x0e\x63\x61llback_topic\x18\x14 \x01(\t\x12%\n\x06reason\x18\x15 \x01(\x0e\x32\x15.sts.v1.RefusalReason\x12\x15\n\rfallback_text\x18\x16 \x01(\t\x12\x32\n\nattributes\x18\x17 \x03(\x0b\x32\x1e.sts.v1.Result.AttributesEntry\x12\x11\n\tsubmit_ts\x18\x18 \x01(\x03\x12\x0c\n\x04late\x18\x19 \x01(\x08\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x11\n\x0fGetStatsRequest\"\x97\x04\n\tPoolStats\x12\"\n\x08priority\x18\x01 \x01(\x0e\x32\x10.sts.v1.Priority\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x18\n\x10tokens_in_flight\x18\x04 \x01(\x03\x12\x12\n\nmax_queued\x18\x05 \x01(\x05\x12\x15\n\rmax_in_flight\x18\x06 \x01(\x05\x12\x1c\n\x14max_tokens_in_flight\x18\x07 \x01(\x03\x12\x1a\n\x12max_queue_delay_ms\x18\x08 \x01(\x03\x12\x1f\n\x17\x65stimated_queue_wait_ms\x18\t \x01(\x01\x12\x0f\n\x07ttft_ms\x18\n \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x0b \x01(\x01\x12;\n\x0eshed_by_reason\x18\x0c \x03(\x0b\x32#.sts.v1.PoolStats.ShedByReasonEntry\x12\x41\n\x11results_by_status\x18\r \x03(\x0b\x32&.sts.v1.PoolStats.ResultsByStatusEntry\x12\x14\n\x0cmet_deadline\x18\x0e \x01(\x03\x1a\x33\n\x11ShedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x36\n\x14ResultsByStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xe7\x05\n\x10GetStatsResponse\x12\x12\n\nsidecar_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12 \n\x05pools\x18\x04 \x03(\x0b\x32\x11.sts.v1.PoolStats\x12\x11\n\tsubmitted\x18\x05 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x03\x12\x12\n\nduplicates\x18\x07 \x01(\x03\x12H\n\x11results_by_status\x18\x08 \x03(\x0b\x32-.sts.v1.GetStatsResponse.ResultsByStatusEntry\x12J\n\x12refusals_by_reason\x18\t \x03(\x0b\x32..sts.v1.GetStatsResponse.RefusalsByReasonEntry\x12\x1b\n\x13output_tokens_per_s\x18\n \x01(\x01\x12\x1b\n\x13prompt_tokens_total\x18\x0b \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_tokens_total\x18\x0c \x01(\x03\x12\x1d\n\x15prefix_cache_hit_rate\x18\r \x01(\x01\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12\x10\n\x08uptime_s\x18\x0f \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\x10 \x01(\x01\x12\x16\n\x0e\x65ngine_running\x18\x11 \x01(\x05\x12\x16\n\x0e\x65ngine_waiting\x18\x12 \x01(\x05\x12\x18\n\x10tokens_in_flight\x18\x13 \x01(\x03\x12\x14\n\x0clate_results\x18\x14 \x01(\x03\x12\x14\n\x0clate_aborted\x18\x15 \x01(\x03\x12\x16\n\x0elate_in_flight\x18\x16 \x01(\x05\x1a\x36\n\x14ResultsByStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x37\n\x15RefusalsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*^\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x11\n\rPRIORITY_HIGH\x10\x01\x12\x13\n\x0fPRIORITY_NORMAL\x10\x02\x12\x10\n\x0cPRIORITY_LOW\x10\x03*{\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x12\n\x0eSTATUS_TIMEOUT\x10\x02\x12\x0f\n\x0bSTATUS_SHED\x10\x03\x12\x13\n\x0fSTATUS_REJECTED\x10\x04\x12\x10\n\x0cSTATUS_ERROR\x10\x05*\xb4\x04\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12%\n!REFUSAL_REASON_MISSING_REQUEST_ID\x10\x01\x12\x1f\n\x1bREFUSAL_REASON_EMPTY_PROMPT\x10\x02\x12\"\n\x1eREFUSAL_REASON_PROMPT_TOO_LONG\x10\x03\x12*\n&REFUSAL_REASON_MAX_TOKENS_OUT_OF_RANGE\x10\x04\x12+\n\'REFUSAL_REASON_TEMPERATURE_OUT_OF_RANGE\x10\x05\x12#\n\x1fREFUSAL_REASON_UNKNOWN_PRIORITY\x10\x06\x12 \n\x1cREFUSAL_REASON_UNKNOWN_MODEL\x10\x07\x12\"\n\x1eREFUSAL_REASON_DEADLINE_PASSED\x10\x08\x12\x1d\n\x19REFUSAL_REASON_QUEUE_FULL\x10\t\x12&\n\"REFUSAL_REASON_DEADLINE_INFEASIBLE\x10\n\x12\x1b\n\x17REFUSAL_REASON_DRAINING\x10\x0b\x12\x1d\n\x19REFUSAL_REASON_OVERLOADED\x10\x0c\x12\'\n#REFUSAL_REASON_QUEUE_DELAY_EXCEEDED\x10\r\x12\'\n#REFUSAL_REASON_ATTRIBUTES_TOO_LARGE\x10\x0e\x32\xc8\x01\n\tInference\x12\x46\n\x0bSubmitBatch\x12\x1a.sts.v1.SubmitBatchRequest\x1a\x1b.sts.v1.SubmitBatchResponse\x12=\n\x08GetStats\x12\x17.sts.v1.GetStatsRequest\x1a\x18.sts.v1.GetStatsResponse\x12\x34\n\x08Generate\x12\x18.sts.v1.InferenceRequest\x1a\x0e.sts.v1.Resultb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sts.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_INFERENCEREQUEST_ATTRIBUTESENTRY']._loaded_options = None
+  _globals['_INFERENCEREQUEST_ATTRIBUTESENTRY']._serialized_options = b'8\001'
+  _globals['_RESULT_ATTRIBUTESENTRY']._loaded_options = None
+  _globals['_RESULT_ATTRIBUTESENTRY']._serialized_options = b'8\001'
   _globals['_POOLSTATS_SHEDBYREASONENTRY']._loaded_options = None
   _globals['_POOLSTATS_SHEDBYREASONENTRY']._serialized_options = b'8\001'
   _globals['_POOLSTATS_RESULTSBYSTATUSENTRY']._loaded_options = None
@@ -39,36 +43,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATSRESPONSE_RESULTSBYSTATUSENTRY']._serialized_options = b'8\001'
   _globals['_GETSTATSRESPONSE_REFUSALSBYREASONENTRY']._loaded_options = None
   _globals['_GETSTATSRESPONSE_REFUSALSBYREASONENTRY']._serialized_options = b'8\001'
-  _globals['_PRIORITY']._serialized_start=2358
-  _globals['_PRIORITY']._serialized_end=2452
-  _globals['_STATUS']._serialized_start=2454
-  _globals['_STATUS']._serialized_end=2577
-  _globals['_REFUSALREASON']._serialized_start=2580
-  _globals['_REFUSALREASON']._serialized_end=3103
+  _globals['_PRIORITY']._serialized_start=2694
+  _globals['_PRIORITY']._serialized_end=2788
+  _globals['_STATUS']._serialized_start=2790
+  _globals['_STATUS']._serialized_end=2913
+  _globals['_REFUSALREASON']._serialized_start=2916
+  _globals['_REFUSALREASON']._serialized_end=3480
   _globals['_INFERENCEREQUEST']._serialized_start=35
-  _globals['_INFERENCEREQUEST']._serialized_end=311
-  _globals['_SUBMITBATCHREQUEST']._serialized_start=313
-  _globals['_SUBMITBATCHREQUEST']._serialized_end=377
-  _globals['_SUBMITACK']._serialized_start=380
-  _globals['_SUBMITACK']._serialized_end=547
-  _globals['_SUBMITBATCHRESPONSE']._serialized_start=549
-  _globals['_SUBMITBATCHRESPONSE']._serialized_end=623
-  _globals['_RESULT']._serialized_start=626
-  _globals['_RESULT']._serialized_end=1121
-  _globals['_GETSTATSREQUEST']._serialized_start=1123
-  _globals['_GETSTATSREQUEST']._serialized_end=1140
-  _globals['_POOLSTATS']._serialized_start=1143
-  _globals['_POOLSTATS']._serialized_end=1678
-  _globals['_POOLSTATS_SHEDBYREASONENTRY']._serialized_start=1571
-  _globals['_POOLSTATS_SHEDBYREASONENTRY']._serialized_end=1622
-  _globals['_POOLSTATS_RESULTSBYSTATUSENTRY']._serialized_start=1624
-  _globals['_POOLSTATS_RESULTSBYSTATUSENTRY']._serialized_end=1678
-  _globals['_GETSTATSRESPONSE']._serialized_start=1681
-  _globals['_GETSTATSRESPONSE']._serialized_end=2356
-  _globals['_GETSTATSRESPONSE_RESULTSBYSTATUSENTRY']._serialized_start=1624
-  _globals['_GETSTATSRESPONSE_RESULTSBYSTATUSENTRY']._serialized_end=1678
-  _globals['_GETSTATSRESPONSE_REFUSALSBYREASONENTRY']._serialized_start=2301
-  _globals['_GETSTATSRESPONSE_REFUSALSBYREASONENTRY']._serialized_end=2356
-  _globals['_INFERENCE']._serialized_start=3106
-  _globals['_INFERENCE']._serialized_end=3306
+  _globals['_INFERENCEREQUEST']._serialized_end=443
+  _globals['_INFERENCEREQUEST_ATTRIBUTESENTRY']._serialized_start=385
+  _globals['_INFERENCEREQUEST_ATTRIBUTESENTRY']._serialized_end=434
+  _globals['_SUBMITBATCHREQUEST']._serialized_start=445
+  _globals['_SUBMITBATCHREQUEST']._serialized_end=509
+  _globals['_SUBMITACK']._serialized_start=512
+  _globals['_SUBMITACK']._serialized_end=679
+  _globals['_SUBMITBATCHRESPONSE']._serialized_start=681
+  _globals['_SUBMITBATCHRESPONSE']._serialized_end=755
+  _globals['_RESULT']._serialized_start=758
+  _globals['_RESULT']._serialized_end=1389
+  _globals['_RESULT_ATTRIBUTESENTRY']._serialized_start=385
+  _globals['_RESULT_ATTRIBUTESENTRY']._serialized_end=434
+  _globals['_GETSTATSREQUEST']._serialized_start=1391
+  _globals['_GETSTATSREQUEST']._serialized_end=1408
+  _globals['_POOLSTATS']._serialized_start=1411
+  _globals['_POOLSTATS']._serialized_end=1946
+  _globals['_POOLSTATS_SHEDBYREASONENTRY']._serialized_start=1839
+  _globals['_POOLSTATS_SHEDBYREASONENTRY']._serialized_end=1890
+  _globals['_POOLSTATS_RESULTSBYSTATUSENTRY']._serialized_start=1892
+  _globals['_POOLSTATS_RESULTSBYSTATUSENTRY']._serialized_end=1946
+  _globals['_GETSTATSRESPONSE']._serialized_start=1949
+  _globals['_GETSTATSRESPONSE']._serialized_end=2692
+  _globals['_GETSTATSRESPONSE_RESULTSBYSTATUSENTRY']._serialized_start=1892
+  _globals['_GETSTATSRESPONSE_RESULTSBYSTATUSENTRY']._serialized_end=1946
+  _globals['_GETSTATSRESPONSE_REFUSALSBYREASONENTRY']._serialized_start=2637
+  _globals['_GETSTATSRESPONSE_REFUSALSBYREASONENTRY']._serialized_end=2692
+  _globals['_INFERENCE']._serialized_start=3483
+  _globals['_INFERENCE']._serialized_end=3683
 # @@protoc_insertion_point(module_scope)

@@ -61,7 +61,10 @@ class _StatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Status.ValueTy
     STATUS_OK: _Status.ValueType  # 1
     """/ The model produced an answer."""
     STATUS_TIMEOUT: _Status.ValueType  # 2
-    """/ The deadline passed before or during generation; generation was aborted."""
+    """/ The deadline passed before or during generation. In an `abort` pool the
+    / generation was aborted; in a `finish_and_backfill` pool it may continue
+    / and end in one more Result with late = true.
+    """
     STATUS_SHED: _Status.ValueType  # 3
     """/ Refused under load (queue full, deadline infeasible, draining)."""
     STATUS_REJECTED: _Status.ValueType  # 4
@@ -76,7 +79,10 @@ STATUS_UNSPECIFIED: Status.ValueType  # 0
 STATUS_OK: Status.ValueType  # 1
 """/ The model produced an answer."""
 STATUS_TIMEOUT: Status.ValueType  # 2
-"""/ The deadline passed before or during generation; generation was aborted."""
+"""/ The deadline passed before or during generation. In an `abort` pool the
+/ generation was aborted; in a `finish_and_backfill` pool it may continue
+/ and end in one more Result with late = true.
+"""
 STATUS_SHED: Status.ValueType  # 3
 """/ Refused under load (queue full, deadline infeasible, draining)."""
 STATUS_REJECTED: Status.ValueType  # 4
@@ -111,6 +117,10 @@ class _RefusalReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Refusal
     """/ The pool's queue wait (estimated at admission, or actual while queued)
     / passed the pool's max_queue_delay_ms.
     """
+    REFUSAL_REASON_ATTRIBUTES_TOO_LARGE: _RefusalReason.ValueType  # 14
+    """/ `attributes` has more than 32 keys or more than 1024 bytes (UTF-8 keys
+    / plus values). Status rejected.
+    """
 
 class RefusalReason(_RefusalReason, metaclass=_RefusalReasonEnumTypeWrapper):
     """/ Why a request was refused at admission. Machine-readable; `detail` in the
@@ -137,6 +147,10 @@ REFUSAL_REASON_QUEUE_DELAY_EXCEEDED: RefusalReason.ValueType  # 13
 """/ The pool's queue wait (estimated at admission, or actual while queued)
 / passed the pool's max_queue_delay_ms.
 """
+REFUSAL_REASON_ATTRIBUTES_TOO_LARGE: RefusalReason.ValueType  # 14
+"""/ `attributes` has more than 32 keys or more than 1024 bytes (UTF-8 keys
+/ plus values). Status rejected.
+"""
 Global___RefusalReason: _TypeAlias = RefusalReason  # noqa: Y015
 
 @_typing.final
@@ -144,6 +158,26 @@ class InferenceRequest(_message.Message):
     """/ One inference request (the seed's request schema)."""
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AttributesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TRACE_ID_FIELD_NUMBER: _builtins.int
@@ -157,6 +191,8 @@ class InferenceRequest(_message.Message):
     CACHE_KEY_FIELD_NUMBER: _builtins.int
     CALLBACK_TOPIC_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    ATTRIBUTES_FIELD_NUMBER: _builtins.int
+    SUBMIT_TS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """/ Unique id, stable for a given event so replays map to the same id. Required."""
     trace_id: _builtins.str
@@ -182,6 +218,18 @@ class InferenceRequest(_message.Message):
     """/ Where the result is routed (Kafka topic in the kafka result channel)."""
     seed: _builtins.int
     """/ Optional sampling seed."""
+    submit_ts: _builtins.int
+    """/ When the Spark task sent the request, epoch milliseconds (0 = not set);
+    / echoed on the Result.
+    """
+    @_builtins.property
+    def attributes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """/ The event's key columns, echoed unchanged on every Result of this request
+        / so the reader needs no join to find the event. At most 32 keys and 1024
+        / bytes (UTF-8 keys plus values); more is refused with
+        / REFUSAL_REASON_ATTRIBUTES_TOO_LARGE.
+        """
+
     def __init__(
         self,
         *,
@@ -197,10 +245,12 @@ class InferenceRequest(_message.Message):
         cache_key: _builtins.str = ...,
         callback_topic: _builtins.str = ...,
         seed: _builtins.int | None = ...,
+        attributes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        submit_ts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "cache_key", b"cache_key", "callback_topic", b"callback_topic", "deadline_ts", b"deadline_ts", "enqueue_ts", b"enqueue_ts", "max_tokens", b"max_tokens", "model", b"model", "priority", b"priority", "prompt", b"prompt", "request_id", b"request_id", "seed", b"seed", "temperature", b"temperature", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "attributes", b"attributes", "cache_key", b"cache_key", "callback_topic", b"callback_topic", "deadline_ts", b"deadline_ts", "enqueue_ts", b"enqueue_ts", "max_tokens", b"max_tokens", "model", b"model", "priority", b"priority", "prompt", b"prompt", "request_id", b"request_id", "seed", b"seed", "submit_ts", b"submit_ts", "temperature", b"temperature", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -303,9 +353,35 @@ Global___SubmitBatchResponse: _TypeAlias = SubmitBatchResponse  # noqa: Y015
 
 @_typing.final
 class Result(_message.Message):
-    """/ One terminal result (what the result channel carries, one row each)."""
+    """/ One result row (what the result channel carries). Every request with a
+    / request_id gets exactly one terminal Result (late = false). In a pool whose
+    / late-result policy is finish_and_backfill, a request that was still
+    / generating at its deadline gets its terminal timeout Result at the deadline
+    / and, when generation later finishes, at most one more: status ok, late =
+    / true. Nothing else ever repeats a request_id.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AttributesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TRACE_ID_FIELD_NUMBER: _builtins.int
@@ -329,6 +405,9 @@ class Result(_message.Message):
     CALLBACK_TOPIC_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     FALLBACK_TEXT_FIELD_NUMBER: _builtins.int
+    ATTRIBUTES_FIELD_NUMBER: _builtins.int
+    SUBMIT_TS_FIELD_NUMBER: _builtins.int
+    LATE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     trace_id: _builtins.str
     status: Global___Status.ValueType
@@ -354,6 +433,16 @@ class Result(_message.Message):
     """/ Why the request was refused or shed (REFUSAL_REASON_UNSPECIFIED otherwise)."""
     fallback_text: _builtins.str
     """/ The sidecar's rule fallback answer; set on every result that is not ok."""
+    submit_ts: _builtins.int
+    """/ The request's submit_ts, unchanged."""
+    late: _builtins.bool
+    """/ True only on the one extra ok Result that finish_and_backfill emits after
+    / the terminal timeout Result of the same request_id; it is not terminal.
+    """
+    @_builtins.property
+    def attributes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """/ The request's attributes, unchanged."""
+
     def __init__(
         self,
         *,
@@ -379,10 +468,13 @@ class Result(_message.Message):
         callback_topic: _builtins.str = ...,
         reason: Global___RefusalReason.ValueType = ...,
         fallback_text: _builtins.str = ...,
+        attributes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        submit_ts: _builtins.int = ...,
+        late: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "callback_topic", b"callback_topic", "deadline_ts", b"deadline_ts", "enqueue_ts", b"enqueue_ts", "error", b"error", "fallback_text", b"fallback_text", "finish_reason", b"finish_reason", "finish_ts", b"finish_ts", "first_token_ts", b"first_token_ts", "model", b"model", "output_tokens", b"output_tokens", "priority", b"priority", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "received_ts", b"received_ts", "request_id", b"request_id", "sidecar_id", b"sidecar_id", "status", b"status", "text", b"text", "tpot_ms", b"tpot_ms", "trace_id", b"trace_id", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "cached_tokens", b"cached_tokens", "callback_topic", b"callback_topic", "deadline_ts", b"deadline_ts", "enqueue_ts", b"enqueue_ts", "error", b"error", "fallback_text", b"fallback_text", "finish_reason", b"finish_reason", "finish_ts", b"finish_ts", "first_token_ts", b"first_token_ts", "late", b"late", "model", b"model", "output_tokens", b"output_tokens", "priority", b"priority", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "received_ts", b"received_ts", "request_id", b"request_id", "sidecar_id", b"sidecar_id", "status", b"status", "submit_ts", b"submit_ts", "text", b"text", "tpot_ms", b"tpot_ms", "trace_id", b"trace_id", "ttft_ms", b"ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -577,6 +669,9 @@ class GetStatsResponse(_message.Message):
     ENGINE_RUNNING_FIELD_NUMBER: _builtins.int
     ENGINE_WAITING_FIELD_NUMBER: _builtins.int
     TOKENS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    LATE_RESULTS_FIELD_NUMBER: _builtins.int
+    LATE_ABORTED_FIELD_NUMBER: _builtins.int
+    LATE_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     sidecar_id: _builtins.str
     engine: _builtins.str
     """/ "vllm" or "simulated"."""
@@ -599,6 +694,14 @@ class GetStatsResponse(_message.Message):
     engine_waiting: _builtins.int
     tokens_in_flight: _builtins.int
     """/ Total prompt plus max_tokens of all requests in the engine."""
+    late_results: _builtins.int
+    """/ Late results emitted (ok rows with late = true; not in results_by_status)."""
+    late_aborted: _builtins.int
+    """/ Late work (generation past the deadline, finish_and_backfill) aborted
+    / without a late result: to free a slot for on-time work, or by the drain.
+    """
+    late_in_flight: _builtins.int
+    """/ Requests generating past their deadline now (they hold engine slots)."""
     @_builtins.property
     def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolStats]: ...
     @_builtins.property
@@ -631,10 +734,13 @@ class GetStatsResponse(_message.Message):
         engine_running: _builtins.int = ...,
         engine_waiting: _builtins.int = ...,
         tokens_in_flight: _builtins.int = ...,
+        late_results: _builtins.int = ...,
+        late_aborted: _builtins.int = ...,
+        late_in_flight: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
