@@ -31,7 +31,7 @@ from sidecar.client import SidecarClient
 from sidecar.contract import PRIORITY_NAMES
 from sts_harness.hops import hop_latencies
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer
-from sts_harness.result_check import read_results
+from sts_harness.result_check import read_results, results_by_id
 from sts_harness.stats import percentiles
 
 logger = logging.getLogger(__name__)
@@ -159,8 +159,7 @@ def run_engine(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -
     deadline = time.monotonic() + max(ctx.profile.sla_ms.values()) / 1000 + 10
     want = {s.request_id for s in run.sent}
     while True:
-        rows = {r["request_id"]: r for r in read_results(ctx.results_dir)
-                if r["request_id"] in want}
+        rows = results_by_id(read_results(ctx.results_dir), want)
         sampler.sample(ctx.client, len(want), len(rows))
         if len(rows) == len(want) or time.monotonic() > deadline:
             break

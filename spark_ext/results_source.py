@@ -47,6 +47,8 @@ SOURCE_NAME = "sts_results"
 REQUIRED_COLUMNS = ("request_id", "status")
 #: Subfolder of the results folder that receives files that cannot be read.
 QUARANTINE_DIR = "quarantine"
+#: What ``read`` yields: the result columns, all nullable (as Spark's schema has them).
+READ_SCHEMA = pa.schema([f.with_nullable(True) for f in RESULT_SCHEMA])
 
 
 def _normalised(t: pa.DataType) -> pa.DataType:
@@ -77,8 +79,8 @@ def schema_problem(schema: pa.Schema) -> str | None:
 
 
 def conform(table: pa.Table) -> pa.Table:
-    """``table`` with exactly :data:`RESULT_SCHEMA`'s columns: extra ones dropped,
-    missing ones null (``late`` false), string views cast to strings."""
+    """``table`` with exactly :data:`RESULT_SCHEMA`'s columns (:data:`READ_SCHEMA`):
+    extra ones dropped, missing ones null (``late`` false), string views cast to strings."""
     n = table.num_rows
     columns = []
     for field in RESULT_SCHEMA:
@@ -88,7 +90,7 @@ def conform(table: pa.Table) -> pa.Table:
             columns.append(pa.array([False] * n, pa.bool_()))
         else:
             columns.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(columns, schema=RESULT_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=READ_SCHEMA)
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,24 @@ def read_results(results_dir: str | Path) -> list[dict]:
 
 
 def results_by_id(rows: list[dict], request_ids: set[str] | None = None) -> dict[str, dict]:
-    """Rows keyed by ``request_id`` (only ``request_ids`` when given).
+    """Terminal rows keyed by ``request_id`` (only ``request_ids`` when given).
+
+    A ``late`` row (the ``finish_and_backfill`` policy's model answer after the
+    terminal row) is not terminal and is left out; at most one per id is allowed.
 
     Raises:
-        DuplicateResultError: an id has two rows.
+        DuplicateResultError: an id has two terminal rows, or two late ones.
     """
     by_id: dict[str, dict] = {}
+    late: set[str] = set()
     for row in rows:
         rid = row["request_id"]
         if request_ids is not None and rid not in request_ids:
+            continue
+        if row.get("late"):
+            if rid in late:
+                raise DuplicateResultError(f"{rid} has two late results")
+            late.add(rid)
             continue
         if rid in by_id:
             raise DuplicateResultError(f"{rid} has two results")

@@ -1,0 +1,211 @@
+"""Answers, the Delta answer store, the safety net and the results source's reader,
+in process on real Delta tables and real Parquet files (no Spark)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sidecar.contract import RESULT_SCHEMA, result_file_name
+from spark_ext.answer_store import AnswerStore
+from spark_ext.answers import answers_from_refusals, answers_from_results, hour_of
+from spark_ext.results_source import ResultsStreamReader, conform, schema_problem
+from spark_ext.safety_net import SafetyNet
+
+KEYS = ["event_id"]
+NOW = 1_800_000_000_000
+
+
+def _result(rid: str, status: str = "ok", *, late: bool = False, text: str = "model says hi",
+            enqueue_ts: int = NOW - 500) -> dict:
+    return {"request_id": rid, "trace_id": rid, "status": status,
+            "text": text if status == "ok" else "", "priority": "normal",
+            "enqueue_ts": enqueue_ts, "submit_ts": enqueue_ts + 5,
+            "received_ts": enqueue_ts + 7, "finish_ts": enqueue_ts + 300,
+            "deadline_ts": enqueue_ts + 3000, "reason": "" if status == "ok" else "overloaded",
+            "fallback_text": "" if status == "ok" else "pool rule text",
+            "attributes": [("event_id", f"e-{rid}")], "late": late}
+
+
+def _results(*rows: dict) -> pa.Table:
+    schema = pa.schema([RESULT_SCHEMA.field(k).with_nullable(True) for k in rows[0]])
+    return conform(pa.Table.from_pylist(list(rows), schema=schema))
+
+
+def _store(tmp_path: Path) -> AnswerStore:
+    store = AnswerStore(str(tmp_path / "tables"), key_columns=KEYS)
+    store.load_ledger(NOW)
+    return store
+
+
+def test_results_become_answers_with_their_keys() -> None:
+    rows = answers_from_results(_results(_result("a"), _result("b", "shed")),
+                                key_columns=KEYS, fallback_text="generic")
+    a, b = rows
+    assert (a["answer_source"], a["answer"], a["event_id"]) == ("llm", "model says hi", "e-a")
+    assert (b["answer_source"], b["answer"], b["status"], b["reason"]) == (
+        "fallback", "pool rule text", "shed", "overloaded")
+
+
+def test_refused_acks_become_fallbacks_by_cause() -> None:
+    acks = pa.table({"request_id": ["x", "y", "z"], "accepted": [True, False, False],
+                     "reason": [None, "queue_full", None], "event_id": ["1", "2", "3"],
+                     "sidecar_fallback_text": [None, "rule", None],
+                     "priority": ["high"] * 3, "enqueue_ts": [NOW] * 3,
+                     "deadline_ts": [NOW + 1] * 3, "submit_ts": [NOW] * 3})
+    rows = answers_from_refusals(acks, key_columns=KEYS, fallback_text="generic")
+    assert [(r["request_id"], r["status"], r["reason"], r["answer"]) for r in rows] == [
+        ("y", "shed", "queue_full", "rule"), ("z", "unavailable", "unavailable", "generic")]
+
+
+def test_each_request_gets_one_answer_and_replays_append_nothing(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    rows = answers_from_results(_results(_result("a"), _result("b")), key_columns=KEYS,
+                                fallback_text="f")
+    assert store.record_answers(rows, app_id="q/answers", version=0, now_ms=NOW) == 2
+    # the same ids again (a repeated row, a replayed batch): nothing new
+    assert store.record_answers(rows, app_id="q/answers", version=1, now_ms=NOW) == 0
+    table = store.read("answers")
+    assert sorted(table.column("request_id").to_pylist()) == ["a", "b"]
+    assert set(table.column("enqueue_hour").to_pylist()) == {hour_of(NOW - 500)}
+    # a fresh store (a restart) rebuilds the ledger from the table
+    again = AnswerStore(str(tmp_path / "tables"), key_columns=KEYS)
+    assert again.load_ledger(NOW) == 2
+    assert again.record_answers(rows, app_id="q/answers", version=2, now_ms=NOW) == 0
+
+
+def test_append_is_idempotent_per_app_transaction(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    table = pa.table({"request_id": ["r1"], "enqueue_ts": [NOW]})
+    assert store.append("requests", table, app_id="submit/requests", version=7)
+    assert not store.append("requests", table, app_id="submit/requests", version=7)
+    assert not store.append("requests", table, app_id="submit/requests", version=3)
+    assert store.append("requests", table, app_id="other/requests", version=0)
+    assert store.read("requests").num_rows == 2
+
+
+def test_backfill_upgrades_only_fallbacks(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    first = answers_from_results(_results(_result("a", "timeout"), _result("b")),
+                                 key_columns=KEYS, fallback_text="f")
+    store.record_answers(first, app_id="q/answers", version=0, now_ms=NOW)
+    late = _results(_result("a", late=True, text="late but good"),
+                    _result("b", late=True, text="must not replace an llm answer"))
+    assert store.backfill(late, now_ms=NOW + 10) == 1
+    assert store.backfill(late, now_ms=NOW + 20) == 0  # idempotent
+    by_id = {r["request_id"]: r for r in store.read("answers").to_pylist()}
+    assert (by_id["a"]["answer_source"], by_id["a"]["answer"], by_id["a"]["status"]) == (
+        "backfill", "late but good", "ok")
+    assert by_id["a"]["fallback_text"] == "pool rule text" and by_id["a"]["backfilled_at"]
+    assert (by_id["b"]["answer_source"], by_id["b"]["answer"]) == ("llm", "model says hi")
+
+
+def test_safety_net_answers_only_what_is_due_and_unanswered(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    net = SafetyNet(store, grace_ms=1000, fallback_text="sorry", app_id="net/answers")
+    base = {"trace_id": "t", "priority": "low", "enqueue_ts": NOW, "submit_ts": NOW}
+    net.watch([dict(base, request_id="lost", deadline_ts=NOW + 2000, event_id="1"),
+               dict(base, request_id="answered", deadline_ts=NOW + 2000, event_id="2"),
+               dict(base, request_id="later", deadline_ts=NOW + 60_000, event_id="3")])
+    store.record_answers(answers_from_results(_results(_result("answered")), key_columns=KEYS,
+                                              fallback_text="f"),
+                         app_id="q/answers", version=0, now_ms=NOW)
+    assert net.sweep(NOW + 2999) == 0  # not due before deadline + grace
+    assert net.sweep(NOW + 3000) == 1
+    assert net.watching == 1
+    lost = [r for r in store.read("answers").to_pylist() if r["request_id"] == "lost"]
+    assert [(r["answer"], r["status"], r["reason"], r["event_id"]) for r in lost] == [
+        ("sorry", "timeout", "no_result", "1")]
+
+
+def test_unanswered_requests_are_found_after_a_restart(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.append("requests", pa.table({
+        "request_id": ["p", "q", "r"], "accepted": [True, True, False],
+        "enqueue_ts": [NOW] * 3, "deadline_ts": [NOW + 1] * 3}),
+        app_id="s/requests", version=0)
+    store.record_answers(answers_from_results(_results(_result("q")), key_columns=KEYS,
+                                              fallback_text="f"),
+                         app_id="q/answers", version=0, now_ms=NOW)
+    assert [r["request_id"] for r in store.unanswered_requests(NOW)] == ["p"]
+
+
+def test_maintenance_compacts_partitions(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    for v in range(5):
+        store.append("results", pa.table({"request_id": [f"r{v}"], "enqueue_ts": [NOW]}),
+                     app_id="a/results", version=v)
+    store.maintain(vacuum_retention_hours=0, now_ms=NOW)
+    assert store.stats.compactions >= 1
+    assert len(store._table("results").file_uris()) == 1
+    assert store.read("results").num_rows == 5
+
+
+# ------------------------------------------------------------------ results source
+
+
+def _write(folder: Path, name: str, table: pa.Table) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, folder / name)
+    return folder / name
+
+
+def _reader(folder: Path, **options: str) -> ResultsStreamReader:
+    return ResultsStreamReader({"path": str(folder), **options})
+
+
+def test_schema_check_names_the_problem() -> None:
+    assert schema_problem(RESULT_SCHEMA) is None
+    assert schema_problem(pa.schema([("status", pa.string())])) == "column request_id is missing"
+    old = pa.schema([f for f in RESULT_SCHEMA if f.name not in ("attributes", "late")])
+    assert schema_problem(old) is None  # an older sidecar's files are read, filled with nulls
+
+
+def test_reader_offsets_per_writer_stream(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    one = _results(_result("a"))
+    _write(results, result_file_name(NOW, 0, "sc-1"), one)
+    _write(results, result_file_name(NOW, 1, "sc-1"), one)
+    reader = _reader(results)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    assert end == {"streams": {f"sc-1@{NOW}": 1}}
+    # another sidecar's file lands late with an older timestamp: it is still read
+    _write(results, result_file_name(NOW - 10_000, 0, "sc-2"), one)
+    later = reader.latestOffset(end, None)
+    assert later["streams"] == {f"sc-1@{NOW}": 1, f"sc-2@{NOW - 10000}": 0}
+    parts = reader.partitions(end, later)
+    rows = [b for p in parts for b in reader.read(p)]
+    assert sum(b.num_rows for b in rows) == 1
+
+
+def test_reader_quarantines_bad_files_and_cleans_read_ones(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    good = _write(results, result_file_name(NOW, 0, "sc"), _results(_result("a")))
+    (results / result_file_name(NOW, 1, "sc")).write_bytes(b"PAR1 garbage")
+    _write(results, result_file_name(NOW, 2, "sc"),
+           pa.table({"request_id": [1], "status": ["ok"]}))
+    reader = _reader(results, retentionSeconds="0")
+    end = reader.latestOffset(reader.initialOffset(), None)
+    assert end == {"streams": {f"sc@{NOW}": 0}}
+    quarantined = sorted(p.name for p in (results / "quarantine").iterdir())
+    assert len([q for q in quarantined if q.endswith(".parquet")]) == 2
+    assert len([q for q in quarantined if q.endswith(".reason")]) == 2
+    old = time.time() - 10
+    os.utime(good, (old, old))
+    reader.commit(end)
+    assert not good.exists()
+
+
+@pytest.mark.parametrize("retention", ["3600"])
+def test_reader_keeps_read_files_within_retention(tmp_path: Path, retention: str) -> None:
+    results = tmp_path / "results"
+    good = _write(results, result_file_name(NOW, 0, "sc"), _results(_result("a")))
+    reader = _reader(results, retentionSeconds=retention)
+    reader.commit(reader.latestOffset(reader.initialOffset(), None))
+    assert good.exists()
