@@ -186,7 +186,9 @@ class ResultRecord:
             callback_topic=req.callback_topic,
             reason=str(req.reason) if req.reason is not None and not late else "",
             fallback_text="" if ok else req.fallback_text,
-            attributes=dict(req.attributes),
+            # Oversized attributes are the reason of the refusal; they are not echoed.
+            attributes=({} if req.reason is RefusalReason.ATTRIBUTES_TOO_LARGE
+                        else dict(req.attributes)),
             submit_ts=req.submit_ts,
             late=late,
         )

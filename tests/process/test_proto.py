@@ -51,6 +51,8 @@ def test_request_message_has_every_seed_field() -> None:
     seed = {"request_id", "trace_id", "priority", "enqueue_ts", "deadline_ts", "model", "prompt",
             "max_tokens", "temperature", "cache_key", "callback_topic", "seed"}
     assert seed <= fields
+    numbers = {f.name: f.number for f in inference_pb2.InferenceRequest.DESCRIPTOR.fields}
+    assert (numbers["attributes"], numbers["submit_ts"]) == (13, 14)
     result = set(inference_pb2.Result.DESCRIPTOR.fields_by_name)
     design = {"request_id", "trace_id", "status", "text", "finish_reason", "prompt_tokens",
               "output_tokens", "cached_tokens", "enqueue_ts", "received_ts", "first_token_ts",
@@ -59,9 +61,25 @@ def test_request_message_has_every_seed_field() -> None:
 
 
 def test_result_schema_matches_result_message() -> None:
+    """RESULT_SCHEMA has the Result message's fields, in field-number order, with
+    matching types (enums are strings in the table, maps are Arrow maps)."""
+    import pyarrow as pa
+    from google.protobuf.descriptor import FieldDescriptor as F
+
     from sidecar.contract import RESULT_SCHEMA
 
-    assert set(RESULT_SCHEMA.names) == set(inference_pb2.Result.DESCRIPTOR.fields_by_name)
+    fields = sorted(inference_pb2.Result.DESCRIPTOR.fields, key=lambda f: f.number)
+    assert RESULT_SCHEMA.names == [f.name for f in fields]
+    arrow = {F.TYPE_STRING: pa.string(), F.TYPE_ENUM: pa.string(), F.TYPE_INT32: pa.int32(),
+             F.TYPE_INT64: pa.int64(), F.TYPE_DOUBLE: pa.float64(), F.TYPE_BOOL: pa.bool_()}
+    for f in fields:
+        expected = (pa.map_(pa.string(), pa.string()) if f.message_type is not None
+                    else arrow[f.type])
+        assert RESULT_SCHEMA.field(f.name).type == expected, f.name
+    assert [(f.name, f.number) for f in fields[-3:]] == [
+        ("attributes", 23), ("submit_ts", 24), ("late", 25)]
+    assert not RESULT_SCHEMA.field("late").nullable
+    assert inference_pb2.REFUSAL_REASON_ATTRIBUTES_TOO_LARGE == 14
 
 
 CLIENT = textwrap.dedent("""

@@ -188,3 +188,45 @@ def test_generate_blocks_until_the_result_and_reports_it_once(
     refused = tiny_sidecar.client.generate(make_request("gen-2", max_tokens=0), timeout_s=10)
     assert refused.status == pb.STATUS_REJECTED
     assert refused.reason == pb.REFUSAL_REASON_MAX_TOKENS_OUT_OF_RANGE and refused.fallback_text
+
+
+def test_attributes_submit_ts_and_file_names(tiny_sidecar: RemoteSidecar) -> None:
+    from sidecar.contract import parse_result_file_name
+
+    rid = "attrs-1"
+    attributes = {"ticket_id": "T-9", "region": "eu-west"}
+    tiny_sidecar.client.submit([make_request(rid, attributes=attributes, submit_ts=4242)])
+    row = wait_for_results(tiny_sidecar.results_dir, {rid})[rid]
+    assert (dict(row["attributes"]), row["submit_ts"], row["late"]) == (attributes, 4242, False)
+    keys = [parse_result_file_name(p.name) for p in tiny_sidecar.results_dir.glob("*.parquet")]
+    assert None not in keys
+    (stream,) = {k.stream for k in keys}
+    assert stream.startswith("tiny-sidecar@")
+    assert sorted(k.seq for k in keys) == list(range(len(keys)))  # no gaps, from 0
+
+
+def test_low_pool_finishes_and_backfills(tiny_sidecar: RemoteSidecar) -> None:
+    """conf/sidecar.yaml gives `low` the finish_and_backfill policy: the timeout row
+    comes at the deadline, then one late ok row when generation ends."""
+    wait_until(lambda: not _busy(tiny_sidecar) and not tiny_sidecar.client.stats()
+               .late_in_flight, what="sidecar idle")
+    rid = "late-low"
+    before = tiny_sidecar.client.stats()
+    tiny_sidecar.client.submit([make_request(rid, priority="low", max_tokens=1000,
+                                             deadline_in_ms=400)])
+
+    def rows() -> list[dict]:
+        return [r for r in read_results(tiny_sidecar.results_dir) if r["request_id"] == rid]
+
+    wait_until(lambda: len(rows()) == 2, 60, what="timeout row and late row")
+    wait_until(lambda: not tiny_sidecar.client.stats().late_in_flight, what="no late work")
+    timeout, late = sorted(rows(), key=lambda r: r["late"])
+    assert (timeout["status"], timeout["late"], timeout["text"]) == ("timeout", False, "")
+    assert timeout["fallback_text"] and timeout["finish_ts"] - timeout["deadline_ts"] < 500
+    assert (late["status"], late["late"], late["fallback_text"]) == ("ok", True, "")
+    assert late["text"] and late["output_tokens"] > timeout["output_tokens"]
+    assert late["finish_ts"] > timeout["finish_ts"] and late["tpot_ms"] is not None
+    stats = tiny_sidecar.client.stats()
+    assert stats.late_results - before.late_results == 1
+    assert stats.results_by_status["timeout"] - before.results_by_status["timeout"] == 1
+    assert stats.results_by_status["ok"] == before.results_by_status["ok"]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from sidecar.config import ResultChannelConfig, SchedulerConfig, SidecarConfig
-from sidecar.contract import RESULT_SCHEMA
+from sidecar import result_writer
+from sidecar.config import PoolConfig, ResultChannelConfig, SchedulerConfig, SidecarConfig
+from sidecar.contract import RESULT_SCHEMA, parse_result_file_name, result_file_name
 from sidecar.model_prep import default_model_dir, is_prepared, prepare_default_model
 from sidecar.request_state import ResultRecord
 from sidecar.result_writer import ParquetResultWriter
@@ -35,18 +36,29 @@ def test_repo_config_loads_and_flags_override() -> None:
     ({"engine": {"kind": "tgi"}}, "kind"),
     ({"scheduler": {"max_inflight": 3}}, "max_inflight"),
     ({"schedular": {}}, "schedular"),
+    ({"scheduler": {"pools": {"low": {"on_deadline": "finish"}}}}, "on_deadline"),
+    ({"server": {"sidecar_id": "a/b"}}, "sidecar_id"),
 ])
 def test_bad_config_names_the_field(bad: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SidecarConfig.from_dict(bad)
 
 
-def _record(i: int) -> ResultRecord:
-    return ResultRecord(
+def test_late_result_policy_per_pool() -> None:
+    assert {p.on_deadline for p in SchedulerConfig().pools.values()} == {"abort"}
+    shipped = SidecarConfig.from_yaml(CONF).scheduler.pools
+    assert {name: p.on_deadline for name, p in shipped.items()} == {
+        "high": "abort", "normal": "abort", "low": "finish_and_backfill"}
+    assert PoolConfig(on_deadline="finish_and_backfill").on_deadline == "finish_and_backfill"
+
+
+def _record(i: int, **kw) -> ResultRecord:
+    fields = dict(
         request_id=f"w{i}", trace_id="t", status="ok", text="hi", finish_reason="stop",
         prompt_tokens=3, output_tokens=1, cached_tokens=0, enqueue_ts=1, received_ts=2,
         first_token_ts=None, finish_ts=4, ttft_ms=None, tpot_ms=None, error=None,
         sidecar_id="s", model="m", priority="high", deadline_ts=9, callback_topic="")
+    return ResultRecord(**(fields | kw))
 
 
 def test_writer_flushes_within_interval_and_files_are_complete(tmp_path: Path) -> None:
@@ -92,3 +104,57 @@ def test_model_prepare_is_idempotent_and_vllm_loadable(smollm2_dir: Path) -> Non
     start = time.monotonic()
     assert prepare_default_model() == smollm2_dir
     assert time.monotonic() - start < 2.0
+
+
+def test_result_file_names_are_offsets_in_one_stream(tmp_path: Path) -> None:
+    config = ResultChannelConfig(results_dir=str(tmp_path), flush_interval_s=0.05,
+                                 max_rows_per_file=2)
+
+    async def run() -> ParquetResultWriter:
+        writer = ParquetResultWriter(config, "gpu-node.1_a")
+        writer.start()
+        writer.emit(_record(0, attributes={"ticket_id": "T-0", "shop": "s1"}, submit_ts=5))
+        writer.emit(_record(1, status="timeout", text=""))
+        writer.emit(_record(1, late=True))
+        for i in range(2, 7):
+            writer.emit(_record(i))
+        await writer.close()
+        return writer
+
+    writer = asyncio.run(run())
+    files = sorted(p.name for p in tmp_path.iterdir())
+    keys = [parse_result_file_name(name) for name in files]
+    assert {k.stream for k in keys} == {f"gpu-node.1_a@{writer.incarnation_ms}"}
+    assert [k.seq for k in keys] == list(range(len(files))) == list(range(4))
+    assert files[0] == result_file_name(writer.incarnation_ms, 0, "gpu-node.1_a")
+    rows = [r for name in files for r in pq.read_table(tmp_path / name).to_pylist()]
+    assert [(r["request_id"], r["late"]) for r in rows][:3] == [
+        ("w0", False), ("w1", False), ("w1", True)]
+    assert rows[0]["attributes"] == [("ticket_id", "T-0"), ("shop", "s1")]
+    assert rows[0]["submit_ts"] == 5 and rows[1]["attributes"] == []
+
+
+def test_a_failed_write_keeps_its_seq(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real, calls = result_writer.write_parquet_atomically, []
+
+    def flaky(table, directory, name):  # type: ignore[no-untyped-def]
+        calls.append(name)
+        if len(calls) == 1:
+            raise OSError("disk full (simulated)")
+        return real(table, directory, name)
+
+    monkeypatch.setattr(result_writer, "write_parquet_atomically", flaky)
+    writer = ParquetResultWriter(ResultChannelConfig(results_dir=str(tmp_path)), "s0")
+
+    async def run() -> None:
+        writer.emit(_record(0))
+        with pytest.raises(OSError):
+            await writer.flush()
+        writer.emit(_record(1))
+        await writer.flush()
+
+    asyncio.run(run())
+    assert len(calls) == 2 and calls[0] == calls[1]  # the retry reuses seq 0
+    (only,) = tmp_path.iterdir()
+    assert parse_result_file_name(only.name).seq == 0
+    assert pq.read_table(only).column("request_id").to_pylist() == ["w0", "w1"]

@@ -4,6 +4,7 @@ test's own event loop, a scheduler on a fast simulated engine, a real channel.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import grpc
 import pytest
@@ -15,7 +16,7 @@ from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 from sidecar.request_state import ResultRecord
 from sidecar.scheduler import Scheduler
-from sidecar.servicer import InferenceServicer
+from sidecar.servicer import InferenceServicer, result_to_proto
 from tests.utils import fast_engine, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -91,3 +92,42 @@ def test_interceptor_answers_garbage_with_invalid_argument() -> None:
         assert (await stub.GetStats(pb.GetStatsRequest())).submitted == 0
 
     asyncio.run(_serve(body))
+
+
+def test_attributes_and_submit_ts_travel_both_ways() -> None:
+    from sidecar.client import request_to_proto
+
+    attributes = {"ticket_id": "T-42", "customer": "c-7"}
+
+    async def body(channel: grpc.aio.Channel, results: list[ResultRecord]) -> None:
+        stub = pb_grpc.InferenceStub(channel)
+        result = await stub.Generate(_request("attr", attributes=attributes, submit_ts=111))
+        assert (dict(result.attributes), result.submit_ts, result.late) == (attributes, 111,
+                                                                            False)
+        too_many = {f"k{i}": "v" for i in range(33)}
+        too_big = {"note": "x" * 1020, "more": "y"}
+        mapped = request_to_proto({**_fields("via-client"), "attributes": None})
+        reply = await stub.SubmitBatch(pb.SubmitBatchRequest(requests=[
+            _request("many", attributes=too_many), _request("big", attributes=too_big),
+            _request("max", attributes={f"k{i:02d}": "v" * 29 for i in range(32)}), mapped]))
+        assert [(a.accepted, a.reason) for a in reply.acks] == [
+            (False, RefusalReason.ATTRIBUTES_TOO_LARGE),
+            (False, RefusalReason.ATTRIBUTES_TOO_LARGE), (True, 0), (True, 0)]
+        assert "33 keys" in reply.acks[0].detail and "bytes" in reply.acks[1].detail
+        await until(lambda: len(results) == 5)
+
+    results = asyncio.run(_serve(body))
+    by_id = {r.request_id: r for r in results}
+    assert (by_id["attr"].attributes, by_id["attr"].submit_ts) == (attributes, 111)
+    assert (by_id["many"].status, by_id["many"].reason) == (Status.REJECTED,
+                                                            "attributes_too_large")
+    assert by_id["many"].attributes == {}  # oversized attributes are not echoed
+    assert len(by_id["max"].attributes) == 32 and by_id["via-client"].attributes == {}
+    wire = result_to_proto(dataclasses.replace(by_id["attr"], late=True))
+    assert (wire.late, dict(wire.attributes), wire.submit_ts) == (True, attributes, 111)
+
+
+def _fields(rid: str) -> dict:
+    now = now_ms()
+    return dict(request_id=rid, priority="normal", enqueue_ts=now, deadline_ts=now + 30_000,
+                prompt="hello", max_tokens=4)
