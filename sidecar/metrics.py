@@ -81,6 +81,8 @@ class _LiveCollector(Collector):
                               s.prompt_tokens_total),
             "cached_prompt_tokens": ("Prompt tokens served from the prefix cache.",
                                      s.cached_tokens_total),
+            "preemptions": ("Running requests aborted and requeued for higher-priority work.",
+                            s.preemptions),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))
@@ -102,6 +104,15 @@ class _LiveCollector(Collector):
                                                  float(s.engine.waiting))
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))
+        err = GaugeMetricFamily(
+            f"{_PREFIX}_queue_wait_estimate_error_seconds",
+            "Actual minus admission-time estimated queue wait of recently started requests.",
+            labels=["priority", "stat"])
+        for priority, summary in s.wait_error_s.items():
+            for stat in ("p50", "p99"):
+                if (value := summary.get(stat)) is not None:
+                    err.add_metric([str(priority), stat], float(value))
+        yield err
 
 
 class SidecarMetrics:

@@ -27,6 +27,15 @@ dispatch loop moves queued requests into the engine while fewer than
 request is one task that consumes the engine's stream under the request's
 deadline; cancelling it aborts the request inside the engine.
 
+Preemption (``scheduler.preemption``): when the head of a ``high`` queue cannot
+start because the engine is full (or the head of a ``normal`` queue would miss its
+deadline waiting for a slot), the running request of the lowest priority with the
+most work left is aborted in the engine and put back at the front of its pool's
+queue, its deadline unchanged and its partial output dropped; it is preempted at
+most ``max_per_request`` times. When a request can only meet its deadline in a
+smaller batch (per-sequence decode speed falls as the batch grows), lower work is
+preempted and held back while it runs (:meth:`LoadControl.fit_batch`).
+
 Every request with a ``request_id`` ends in exactly one terminal result, written
 through :meth:`_finish`, which ignores a second finish of the same request.
 """
@@ -46,7 +55,7 @@ from sidecar.engines import Engine, EngineRequest
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
 from sidecar.load_control import LoadControl
-from sidecar.pools import Pool, WeightedPicker
+from sidecar.pools import Pool, Running, WeightedPicker
 from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
 from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
 
@@ -79,6 +88,14 @@ class Scheduler:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._queue_timers: dict[str, asyncio.TimerHandle] = {}
         self._seen = DedupeWindow(config.dedupe_window)
+        self._preemptions: dict[str, int] = {}
+        """Times each request still alive was preempted."""
+        self._preempting: set[str] = set()
+        """Running requests cancelled for preemption whose task has not ended yet."""
+        self._owed: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        """Slots freed by preemption on behalf of each pool, not yet taken by it."""
+        self._wait_estimates: dict[str, tuple[float, float]] = {}
+        """Per queued request: (estimated wait at admission, monotonic admission time)."""
         self._waiters: dict[str, asyncio.Future[ResultRecord]] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -211,6 +228,7 @@ class Scheduler:
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
         ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts))
+        self._wait_estimates[req.request_id] = (self.load.last_wait_s, time.monotonic())
         self._shed_over_watermarks()
         return ack
 
@@ -247,10 +265,16 @@ class Scheduler:
             head = pool.head()
             if head is None:
                 self.picker.forget(priority)
-            elif pool.has_room_for(head):
+                self._owed[priority] = 0
+            elif (pool.has_room_for(head)
+                  and self._in_flight_total < self.load.batch_limit(priority)):
                 candidates.append(priority)
         if not candidates:
             return None
+        owed = [p for p in candidates if self._owed[p] > 0]
+        if owed:  # a slot freed by preemption goes to the pool that preempted
+            self._owed[owed[0]] -= 1
+            return self.pools[owed[0]].head()
         req = self.pools[self.picker.pick(candidates)].head()
         assert req is not None
         return req
@@ -270,16 +294,110 @@ class Scheduler:
                 if refusal := self.load.infeasible_now(req):
                     self._shed(req, refusal)
                     continue
-                pool.started(req)
-                self._in_flight_total += 1
-                self.estimator.observe_dispatch(req.priority)
-                req.status = RequestStatus.RUNNING
-                self._tasks[req.request_id] = asyncio.create_task(
-                    self._serve(req), name=f"serve-{req.request_id}")
+                self._start(req)
+            self._preempt_for_waiting()
             self._update_idle()
+
+    def _start(self, req: SidecarRequest) -> None:
+        """Hand a request that left its queue to the engine (one serving task)."""
+        assert req.priority is not None
+        pool = self.pools[req.priority]
+        now = time.monotonic()
+        target = self.load.target_batch(req)
+        batch = target or min(self._in_flight_total + 1, self.config.max_in_flight)
+        service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
+                                             batch=batch)
+        pool.started(req, Running(req, now, now + service_s,
+                                  self._preemptions.get(req.request_id, 0), target))
+        if target is not None:  # it needs a smaller batch: make room now
+            for victim in self.load.victims(req.priority)[:self._in_flight_total + 1 - target]:
+                self._preempt(victim)
+        self._in_flight_total += 1
+        self.estimator.observe_dispatch(req.priority)
+        req.status = RequestStatus.RUNNING
+        if estimate := self._wait_estimates.pop(req.request_id, None):
+            self._log_wait(req, estimate[0], now - estimate[1])
+        self._tasks[req.request_id] = asyncio.create_task(
+            self._serve(req), name=f"serve-{req.request_id}")
+
+    def _log_wait(self, req: SidecarRequest, estimated_s: float, actual_s: float) -> None:
+        """Record the admission-time wait estimate against the wait that happened."""
+        assert req.priority is not None
+        self.counters.wait_error(req.priority, actual_s - estimated_s)
+        if self.log_requests:
+            logger.info("Queue wait of %s (%s): estimated %.1f ms, actual %.1f ms.",
+                        req.request_id, req.priority, estimated_s * 1000, actual_s * 1000)
+
+    # ------------------------------------------------------------------ preemption
+
+    def _preempt_for_waiting(self) -> None:
+        """Preempt lower work for queue heads that cannot start: at once for the
+        priorities in ``preemption.immediate``, else when the head's deadline is at risk."""
+        if not self.config.preemption.enabled:
+            return
+        for priority in (Priority.HIGH, Priority.NORMAL):
+            pool = self.pools[priority]
+            head = pool.head()
+            if head is None or self.load.slot_free(head):
+                continue
+            if not pool.has_room_for(head):
+                continue  # its own pool's limit blocks it; lower work is not in the way
+            waiting = pool.queued if self.load.preempts_at_once(priority) else \
+                self._at_risk(pool)
+            need = waiting - self._owed[priority]
+            for victim in self.load.victims(priority):
+                if need <= 0:
+                    break
+                if victim.req.request_id in self._preempting:
+                    continue
+                if self._preempt(victim):
+                    self._owed[priority] += 1
+                    need -= 1
+
+    def _at_risk(self, pool: Pool) -> int:
+        """1 when the head of ``pool`` would miss its deadline waiting for a slot, else 0."""
+        head = pool.head()
+        if head is None or not self.estimator.warm:
+            return 0
+        wait_s = self.load.natural_wait_s(head)
+        return int(self.load.fit_batch(head, wait_s) is None)
+
+    def _preempt(self, victim: Running) -> bool:
+        """Abort a running request in the engine; :meth:`_serve` requeues it."""
+        rid = victim.req.request_id
+        task = self._tasks.get(rid)
+        if task is None or rid in self._preempting or not task.cancel():
+            return False
+        self._preempting.add(rid)
+        self._preemptions[rid] = self._preemptions.get(rid, 0) + 1
+        self.counters.preemptions += 1
+        if self.log_requests:
+            logger.info("Preempted request %s (%s), %d time(s).", rid, victim.req.priority,
+                        self._preemptions[rid])
+        return True
+
+    def _requeue(self, req: SidecarRequest) -> None:
+        """A preempted request goes back to the front of its pool's queue, with its
+        deadline; its partial output is dropped and it starts from scratch later."""
+        assert req.priority is not None
+        if self._dispatcher is None:  # shutting down: nothing will start it again
+            req.error = "preempted, then aborted by sidecar shutdown"
+            self._finish(req, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
+            return
+        req.status = RequestStatus.QUEUED
+        req.text, req.output_tokens, req.cached_tokens = "", 0, 0
+        req.first_token_ts = None
+        req.error = None
+        self.pools[req.priority].push_front(req)
+        delay_s = max(0.0, (req.deadline_ts - now_ms()) / 1000.0)
+        self._queue_timers[req.request_id] = asyncio.get_running_loop().call_later(
+            delay_s, self._expire_queued, req, True)
+        self._wait_estimates.pop(req.request_id, None)
 
     async def _serve(self, req: SidecarRequest) -> None:
         assert req.priority is not None
+        if running := self.pools[req.priority].running.get(req.request_id):
+            running.live = True
         engine_req = EngineRequest(
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,
@@ -292,6 +410,8 @@ class Scheduler:
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
         first_token_at = last_token_at = None
+        batch_at_first = 0
+        preempted = False
         try:
             async with asyncio.timeout(max(remaining_s, 0.0)):
                 async for progress in self.engine.generate(engine_req):
@@ -299,6 +419,7 @@ class Scheduler:
                         last_token_at = time.monotonic()
                         if first_token_at is None:
                             first_token_at = last_token_at
+                            batch_at_first = self._in_flight_total
                             req.first_token_ts = now_ms()
                     req.text = progress.text
                     req.output_tokens = progress.output_tokens
@@ -314,9 +435,12 @@ class Scheduler:
             status, finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
             req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
         except asyncio.CancelledError:
-            status, finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
-            req.error = req.error or "aborted by sidecar shutdown"
-            raise
+            if req.request_id in self._preempting and status is RequestStatus.FINISHED_ERROR:
+                preempted = True  # requeued below; the cancel was ours
+            else:
+                status, finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
+                req.error = req.error or "aborted by sidecar shutdown"
+                raise
         except EngineDeadError as e:
             req.error = f"engine died: {e}"
             logger.error("Engine died while serving %s: %s", req.request_id, e)
@@ -324,20 +448,26 @@ class Scheduler:
             req.error = f"{type(e).__name__}: {e}"
             logger.exception("Request %s failed in the engine.", req.request_id)
         finally:
+            batch_at_last = self._in_flight_total
             self.pools[req.priority].stopped(req)
             self._in_flight_total -= 1
             self._tasks.pop(req.request_id, None)
-            self.counters.prompt_tokens_total += req.prompt_tokens
-            self.counters.cached_tokens_total += req.cached_tokens
-            if first_token_at is not None:
+            self._preempting.discard(req.request_id)
+            if preempted:
+                self._requeue(req)
+            else:
+                self.counters.prompt_tokens_total += req.prompt_tokens
+                self.counters.cached_tokens_total += req.cached_tokens
+            if first_token_at is not None and not preempted:
                 completed = status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
                 tpot = ((last_token_at - first_token_at) / (req.output_tokens - 1)
                         if last_token_at is not None and req.output_tokens > 1 else None)
                 self.estimator.observe_finish(
                     req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
                     output_tokens=req.output_tokens if completed else 0,
-                    max_tokens=req.max_tokens)
-            self._finish(req, status, finish_reason)
+                    max_tokens=req.max_tokens, batch=(batch_at_first + batch_at_last) / 2)
+            if not preempted:
+                self._finish(req, status, finish_reason)
             self._wake.set()
 
     # ------------------------------------------------------------------ results
@@ -347,6 +477,8 @@ class Scheduler:
         """The only place a request becomes terminal; a second call is ignored."""
         if req.status.is_finished():
             return
+        self._preemptions.pop(req.request_id, None)
+        self._wait_estimates.pop(req.request_id, None)
         req.status = status
         req.finish_reason = finish_reason
         req.finish_ts = now_ms()
@@ -439,4 +571,6 @@ class Scheduler:
             prompt_tokens_total=c.prompt_tokens_total,
             cached_tokens_total=c.cached_tokens_total,
             draining=self.draining,
+            preemptions=c.preemptions,
+            wait_error_s=c.wait_error_summary(),
         )

@@ -13,6 +13,9 @@ from sidecar.request_state import ResultRecord
 #: Output tokens/s is measured over the requests finished in this many seconds.
 TOKEN_RATE_WINDOW_S = 10.0
 
+#: How many recent wait-estimate errors are kept per pool.
+WAIT_ERROR_SAMPLES = 10_000
+
 
 @dataclass(frozen=True)
 class PoolSnapshot:
@@ -48,6 +51,9 @@ class SchedulerStats:
     prompt_tokens_total: int
     cached_tokens_total: int
     draining: bool
+    preemptions: int = 0
+    wait_error_s: dict[Priority, dict[str, float | None]] = field(default_factory=dict)
+    """Per pool: ``p50``/``p99`` of actual minus estimated queue wait (seconds) and ``n``."""
 
     @property
     def queued(self) -> dict[Priority, int]:
@@ -72,6 +78,22 @@ class SchedulerStats:
         return sum(p.tokens_in_flight for p in self.pools.values())
 
 
+def _quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) by linear interpolation, ``None`` for no values.
+
+    Example:
+        >>> _quantile([0.0, 1.0, 2.0, 3.0], 0.5)
+        1.5
+    """
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 @dataclass
 class SchedulerCounters:
     """Cumulative counters of one scheduler, and the recent output-token rate."""
@@ -81,11 +103,21 @@ class SchedulerCounters:
     duplicates: int = 0
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
+    preemptions: int = 0
+    """Running requests aborted and requeued for higher-priority work."""
+    wait_errors: dict[Priority, collections.deque[float]] = field(
+        default_factory=lambda: {p: collections.deque(maxlen=WAIT_ERROR_SAMPLES)
+                                 for p in Priority}, repr=False)
+    """Per pool, the last actual minus estimated queue waits (seconds) of started requests."""
     results_by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     refusals_by_reason: dict[str, int] = field(
         default_factory=lambda: {str(r): 0 for r in RefusalReason})
     _token_events: collections.deque[tuple[float, int]] = field(
         default_factory=collections.deque, repr=False)
+
+    def wait_error(self, priority: Priority, error_s: float) -> None:
+        """Record one started request's actual minus estimated queue wait."""
+        self.wait_errors[priority].append(error_s)
 
     def refused(self, reason: RefusalReason) -> None:
         self.refusals_by_reason[str(reason)] += 1
@@ -96,6 +128,15 @@ class SchedulerCounters:
         if record.output_tokens:
             self._token_events.append((time.monotonic(), record.output_tokens))
             self._trim()  # bounded even when nobody reads the stats
+
+    def wait_error_summary(self) -> dict[Priority, dict[str, float | None]]:
+        """Per pool: ``n``, ``p50`` and ``p99`` of actual minus estimated wait, seconds."""
+        out: dict[Priority, dict[str, float | None]] = {}
+        for p, errors in self.wait_errors.items():
+            xs = list(errors)
+            out[p] = {"n": float(len(xs)), "p50": _quantile(xs, 0.5),
+                      "p99": _quantile(xs, 0.99)}
+        return out
 
     def output_tokens_per_s(self) -> float:
         self._trim()
