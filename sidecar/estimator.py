@@ -217,10 +217,13 @@ class ServiceRateEstimator:
         """Seconds per output token of the pool's requests; at ``batch`` sequences when
         given (the pool's observed figure scaled by :class:`BatchSpeedModel`)."""
         pool = self._pools[priority]
-        tpot = pool.tpot_s.get(self._all_tpot.get(0.0))
-        if batch is None or pool.batch.value is None:
-            return tpot
-        return tpot * self.speed.ratio(batch, pool.batch.value)
+        if batch is None:
+            return pool.tpot_s.get(self._all_tpot.get(0.0))
+        if pool.tpot_s.value is not None and pool.batch.value is not None:
+            return pool.tpot_s.value * self.speed.ratio(batch, pool.batch.value)
+        if self.speed.known:  # the pool has no decode history: all pools' speed model
+            return self.speed.tpot(batch)
+        return self._all_tpot.get(0.0)
 
     def expected_output_tokens(self, priority: Priority, max_tokens: int) -> float:
         return max_tokens * self._pools[priority].output_ratio.get(1.0)
@@ -265,7 +268,10 @@ class ServiceRateEstimator:
             return 0.0
         if slots_free_in_s is not None:
             share = min(max(share, 1e-6), 1.0)
-            need = math.ceil((ahead + 1) / share)
+            # Smooth weighted round robin: the k-th slot to the pool is about the
+            # (k / share)-th to free, rounded (its first one is the first to free
+            # when its weight dominates).
+            need = max(1, round((ahead + 1) / share))
             ends = sorted(slots_free_in_s)
             if need <= len(ends):
                 return ends[need - 1]

@@ -99,7 +99,10 @@ class LoadControl:
             running, share = pool.running.values(), 1.0  # blocked by its own pool's limits
         else:
             running = [r for p in self.pools.values() for r in p.running.values()]
-            share = self.share(req.priority)
+            # Freed slots are contested only by pools with queued work.
+            weights = {p: pool.config.weight for p, pool in self.pools.items()
+                       if pool.queued or p == req.priority}
+            share = weights[req.priority] / sum(weights.values())
         return [max(r.expected_end - now, step) for r in running], share
 
     def natural_wait_s(self, req: SidecarRequest) -> float:
@@ -138,13 +141,17 @@ class LoadControl:
                 return min(natural, pre)
         return natural
 
-    def fit_batch(self, req: SidecarRequest, wait_s: float) -> int | None:
+    def fit_batch(self, req: SidecarRequest, wait_s: float, *,
+                  largest: bool = False) -> int | None:
         """The batch size ``req`` should run in to finish by its deadline after waiting
-        ``wait_s``: the batch it would join (sequences running plus itself) when that
-        fits, else the largest smaller batch that fits and that preempting lower work can
-        reach (``preemption.shrink_batch``); ``None`` when none fits."""
+        ``wait_s``: the batch it would join (sequences running plus itself; with
+        ``largest``, the engine's ``max_in_flight``) when that fits, else the largest
+        smaller batch that fits and that preempting lower work can reach
+        (``preemption.shrink_batch``); ``None`` when none fits."""
         assert req.priority is not None
         natural = min(self._in_flight() + 1, self.config.max_in_flight)
+        if largest:
+            natural = self.config.max_in_flight
         left_ms = req.deadline_ts - now_ms()
         slack = self.config.deadline_slack
 
@@ -241,10 +248,11 @@ class LoadControl:
                        f"service time {service_s * 1000:.0f} ms")
 
     def target_batch(self, req: SidecarRequest) -> int | None:
-        """When ``req`` starts now: the batch size it needs if that is smaller than the
-        batch it would join (lower work must make room), else ``None``."""
-        if not (self.config.deadline_admission and self.estimator.warm):
+        """When ``req`` starts now: the largest batch it can meet its deadline in, when
+        that is below ``max_in_flight`` (lower work is preempted down to it and held
+        back while it runs), else ``None``."""
+        if not (self.config.deadline_admission and self.estimator.warm
+                and self.config.preemption.shrink_batch):
             return None
-        batch = self.fit_batch(req, 0.0)
-        natural = min(self._in_flight() + 1, self.config.max_in_flight)
-        return batch if batch is not None and batch < natural else None
+        batch = self.fit_batch(req, 0.0, largest=True)
+        return batch if batch is not None and batch < self.config.max_in_flight else None

@@ -83,6 +83,8 @@ class Scheduler:
         self.picker = WeightedPicker({p: pool.config.weight for p, pool in self.pools.items()})
         self.estimator = ServiceRateEstimator()
         self._in_flight_total = 0
+        self._area = 0.0
+        self._area_at = time.monotonic()
         self.load = LoadControl(config, self.pools, self.estimator,
                                 in_flight=lambda: self._in_flight_total)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -309,9 +311,11 @@ class Scheduler:
                                              batch=batch)
         pool.started(req, Running(req, now, now + service_s,
                                   self._preemptions.get(req.request_id, 0), target))
-        if target is not None:  # it needs a smaller batch: make room now
-            for victim in self.load.victims(req.priority)[:self._in_flight_total + 1 - target]:
+        if target is not None:  # it needs a small batch: make room now
+            excess = self._in_flight_total + 1 - target
+            for victim in self.load.victims(req.priority)[:max(excess, 0)]:
                 self._preempt(victim)
+        self._batch_area()
         self._in_flight_total += 1
         self.estimator.observe_dispatch(req.priority)
         req.status = RequestStatus.RUNNING
@@ -319,6 +323,18 @@ class Scheduler:
             self._log_wait(req, estimate[0], now - estimate[1])
         self._tasks[req.request_id] = asyncio.create_task(
             self._serve(req), name=f"serve-{req.request_id}")
+
+    def _batch_area(self) -> float:
+        """Sequences in the engine integrated over time (sequence-seconds) up to now;
+        the mean batch a request decoded in is the growth of this over its decode time.
+        Called whenever the number in flight changes."""
+        now = time.monotonic()
+        self._area += self._in_flight_total * (now - self._area_at)
+        self._area_at = now
+        return self._area
+
+    def _mean_batch(self, area_from: float, area_to: float, seconds: float) -> float | None:
+        return (area_to - area_from) / seconds if seconds > 0.0 else None
 
     def _log_wait(self, req: SidecarRequest, estimated_s: float, actual_s: float) -> None:
         """Record the admission-time wait estimate against the wait that happened."""
@@ -410,7 +426,7 @@ class Scheduler:
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
         first_token_at = last_token_at = None
-        batch_at_first = 0
+        area_at_first = 0.0
         preempted = False
         try:
             async with asyncio.timeout(max(remaining_s, 0.0)):
@@ -419,7 +435,7 @@ class Scheduler:
                         last_token_at = time.monotonic()
                         if first_token_at is None:
                             first_token_at = last_token_at
-                            batch_at_first = self._in_flight_total
+                            area_at_first = self._batch_area()
                             req.first_token_ts = now_ms()
                     req.text = progress.text
                     req.output_tokens = progress.output_tokens
@@ -448,7 +464,7 @@ class Scheduler:
             req.error = f"{type(e).__name__}: {e}"
             logger.exception("Request %s failed in the engine.", req.request_id)
         finally:
-            batch_at_last = self._in_flight_total
+            area_at_last = self._batch_area()
             self.pools[req.priority].stopped(req)
             self._in_flight_total -= 1
             self._tasks.pop(req.request_id, None)
@@ -465,7 +481,10 @@ class Scheduler:
                 self.estimator.observe_finish(
                     req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
                     output_tokens=req.output_tokens if completed else 0,
-                    max_tokens=req.max_tokens, batch=(batch_at_first + batch_at_last) / 2)
+                    max_tokens=req.max_tokens,
+                    batch=self._mean_batch(area_at_first, area_at_last,
+                                           last_token_at - first_token_at
+                                           if last_token_at is not None else 0.0))
             if not preempted:
                 self._finish(req, status, finish_reason)
             self._wake.set()
