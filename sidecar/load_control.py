@@ -111,6 +111,10 @@ class LoadControl:
         completes work."""
         assert req.priority is not None
         pool = self.pools[req.priority]
+        in_flight = self._in_flight()
+        if (in_flight + self.total_queued() < self.batch_limit(req.priority)
+                and pool.in_flight + pool.queued < pool.config.max_in_flight):
+            return 0.0  # everything queued starts at the next dispatch, this one too
         slots = min(pool.config.max_in_flight, self.config.max_in_flight)
         ends, share = self._slots_free_in_s(req)
         return self.estimator.queue_wait_s(
