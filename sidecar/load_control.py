@@ -64,10 +64,8 @@ class LoadControl:
         a small batch runs (see :attr:`~sidecar.pools.Running.target_batch`)."""
         limit = self.config.max_in_flight
         for p, pool in self.pools.items():
-            if p < priority:
-                for r in pool.running.values():
-                    if r.target_batch is not None and r.target_batch < limit:
-                        limit = r.target_batch
+            if p < priority and pool.holding:
+                limit = min(limit, *pool.holding.values())
         return limit
 
     def slot_free(self, req: SidecarRequest) -> bool:

@@ -51,6 +51,9 @@ class Pool:
     tokens_in_flight: int = 0
     running: dict[str, Running] = field(default_factory=dict)
     """The pool's requests inside the engine, by ``request_id``."""
+    holding: dict[str, int] = field(default_factory=dict)
+    """Target batch of each running request that holds lower work back (few, so reading
+    the limit does not walk every running request)."""
     shed_by_reason: collections.Counter[str] = field(default_factory=collections.Counter)
     results_by_status: collections.Counter[str] = field(default_factory=collections.Counter)
     met_deadline: int = 0
@@ -84,11 +87,14 @@ class Pool:
         self.tokens_in_flight += req.token_footprint
         if running is not None:
             self.running[req.request_id] = running
+            if running.target_batch is not None:
+                self.holding[req.request_id] = running.target_batch
 
     def stopped(self, req: SidecarRequest) -> None:
         self.in_flight -= 1
         self.tokens_in_flight -= req.token_footprint
         self.running.pop(req.request_id, None)
+        self.holding.pop(req.request_id, None)
 
     def push_front(self, req: SidecarRequest) -> None:
         """Queue ``req`` again ahead of everything queued (a preempted request keeps its
