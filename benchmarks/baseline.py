@@ -31,8 +31,8 @@ from pyspark.sql.streaming import StreamingQuery
 from sidecar.client import SidecarClient, request_to_proto
 from sidecar.contract import Status, now_ms
 from sidecar.pb.sts.v1 import inference_pb2 as pb
-from spark_ext.config import PipelineConfig
 from spark_ext.answer_store import AnswerStore
+from spark_ext.config import PipelineConfig
 from spark_ext.tagging import REQUEST_COLUMNS, build_requests
 from spark_ext.template import PromptTemplate
 

@@ -25,8 +25,8 @@ from benchmarks.cli_args import SCHEMES
 from benchmarks.generate import generate
 from benchmarks.profiles import TrafficProfile, load_profile
 from benchmarks.schemes import RunContext, run_scheme
-from sts_harness.hops import format_hops
 from sidecar.contract import write_text_atomically
+from sts_harness.hops import format_hops
 
 #: Knee: the first rate where P99 exceeds this multiple of the baseline rate's P99,
 #: or where the share of requests answered falls below ``KNEE_THROUGHPUT`` times the

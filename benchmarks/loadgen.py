@@ -22,10 +22,9 @@ from pathlib import Path
 from benchmarks.generate import GeneratedRequest, generate
 from benchmarks.profiles import TrafficProfile
 from sidecar.client import SidecarClient
-from sidecar.contract import Priority, now_ms
+from sidecar.contract import Priority, now_ms, percentile
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sts_harness.result_check import wait_for_results
-from sts_harness.stats import percentile
 
 #: Wire value of each priority name, highest first.
 PRIORITIES: dict[str, int] = {str(p): p.value for p in Priority}

@@ -28,11 +28,10 @@ from benchmarks.generate import GeneratedRequest, events_for_spark
 from benchmarks.loadgen import send_on_schedule
 from benchmarks.profiles import TrafficProfile
 from sidecar.client import SidecarClient
-from sidecar.contract import PRIORITY_NAMES
+from sidecar.contract import PRIORITY_NAMES, percentiles
 from sts_harness.hops import hop_latencies
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer
 from sts_harness.result_check import read_results, results_by_id
-from sts_harness.stats import percentiles
 
 logger = logging.getLogger(__name__)
 

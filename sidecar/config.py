@@ -103,13 +103,51 @@ class PoolConfig:
 
 
 def _default_pools() -> dict[str, PoolConfig]:
+    # normal 5 + low 2 = 7 < the default engine's 8: one slot is never held by lower work,
+    # and normal + low together leave the batch small enough for a fast `high` answer
+    # (README "Scheduling knobs", worked example).
     return {
         "high": PoolConfig(max_queued=2000, max_in_flight=8, max_queue_delay_ms=2000, weight=8),
-        "normal": PoolConfig(max_queued=5000, max_in_flight=6, max_queue_delay_ms=10_000,
+        "normal": PoolConfig(max_queued=5000, max_in_flight=5, max_queue_delay_ms=10_000,
                              weight=3),
-        "low": PoolConfig(max_queued=10_000, max_in_flight=4, max_queue_delay_ms=60_000,
+        "low": PoolConfig(max_queued=10_000, max_in_flight=2, max_queue_delay_ms=60_000,
                           weight=1),
     }
+
+
+@dataclass
+class PreemptionConfig:
+    """When higher-priority work may take engine slots from running lower-priority work.
+
+    A preempted request is aborted in the engine, its partial output is dropped, and it
+    goes back to the front of its pool's queue with its deadline unchanged; it starts
+    again from the beginning later. The victim is the running request of the lowest
+    priority with the most work left (expected tokens still to generate).
+    """
+
+    enabled: bool = True
+    """Preempt at all (``False``: a request waits for a slot to free)."""
+
+    max_per_request: int = 2
+    """A request preempted this many times is not preempted again (it runs to its end)."""
+
+    immediate: list[str] = field(default_factory=lambda: ["high"])
+    """Priorities whose queue head preempts lower work as soon as it cannot start (``high``
+    never waits behind ``low`` for a slot). The other priorities above ``low`` preempt
+    only when the head would miss its deadline waiting for a slot."""
+
+    shrink_batch: bool = True
+    """When a request can meet its deadline only in a smaller batch (decode speed per
+    sequence falls as the batch grows), preempt and hold back lower-priority work so the
+    batch stays that small while it runs, instead of refusing it as infeasible."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_per_request, int) or self.max_per_request < 0:
+            raise ValueError(f"preemption.max_per_request={self.max_per_request!r} must be "
+                             "an integer >= 0")
+        if bad := [p for p in self.immediate if p not in ("high", "normal")]:
+            raise ValueError(f"preemption.immediate={self.immediate!r}: {bad} cannot preempt "
+                             "(only 'high' and 'normal' have lower work to preempt)")
 
 
 @dataclass
@@ -161,6 +199,9 @@ class SchedulerConfig:
     load_shedding: LoadSheddingConfig = field(default_factory=LoadSheddingConfig)
     """Watermarks that shed ``low`` first, then ``normal``."""
 
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    """Whether and when higher-priority work preempts running lower-priority work."""
+
     deadline_admission: bool = True
     """Refuse (``deadline_infeasible``) requests whose estimated completion is after
     their deadline, at admission and again when they reach the front of the queue."""
@@ -204,6 +245,7 @@ class SchedulerConfig:
         }
         self.load_shedding = as_dataclass(LoadSheddingConfig, self.load_shedding,
                                            "scheduler.load_shedding")
+        self.preemption = as_dataclass(PreemptionConfig, self.preemption, "scheduler.preemption")
 
 
 @dataclass

@@ -3,8 +3,10 @@
 :class:`LoadControl` reads the pools and the service-rate estimate and decides,
 for one request, whether it can be admitted (:meth:`LoadControl.check`), whether a
 queued one should still start (:meth:`LoadControl.infeasible_now`) and which
-queued requests a crossed watermark sheds (:meth:`LoadControl.watermark_victims`).
-It changes nothing itself: the :class:`~sidecar.scheduler.Scheduler` acts on its
+queued requests a crossed watermark sheds (:meth:`LoadControl.watermark_victims`),
+which running requests a higher-priority one may preempt (:meth:`LoadControl.victims`)
+and in how small a batch a request must run to meet its deadline
+(:meth:`LoadControl.fit_batch`). It changes nothing itself: the :class:`~sidecar.scheduler.Scheduler` acts on its
 answers. The order of the checks is documented in :mod:`sidecar.scheduler`.
 """
 
@@ -16,7 +18,7 @@ from sidecar.admission import Refusal
 from sidecar.config import SchedulerConfig
 from sidecar.contract import Priority, RefusalReason, now_ms
 from sidecar.estimator import ServiceRateEstimator
-from sidecar.pools import Pool
+from sidecar.pools import Pool, Running
 from sidecar.request_state import SidecarRequest
 
 
@@ -36,6 +38,9 @@ class LoadControl:
         self.pools = pools
         self.estimator = estimator
         self._in_flight = in_flight
+        self.last_wait_s = 0.0
+        """The wait estimated by the last :meth:`check` that got that far (logged
+        against the actual wait when the request starts)."""
 
     def total_queued(self) -> int:
         """Requests waiting in all pools."""
@@ -51,17 +56,122 @@ class LoadControl:
         weights = {p: self.pools[p].config.weight for p in set(busy) | {priority}}
         return weights[priority] / sum(weights.values())
 
-    def estimate_wait_s(self, req: SidecarRequest) -> float:
-        """Expected queue wait of ``req`` if it were admitted now, seconds."""
+    # -------------------------------------------------------------- engine slots
+
+    def batch_limit(self, priority: Priority) -> int:
+        """Most sequences the engine may hold when a ``priority`` request starts: the
+        engine's ``max_in_flight``, lowered while a higher-priority request that needs
+        a small batch runs (see :attr:`~sidecar.pools.Running.target_batch`)."""
+        limit = self.config.max_in_flight
+        for p, pool in self.pools.items():
+            if p < priority and pool.holding:
+                limit = min(limit, *pool.holding.values())
+        return limit
+
+    def slot_free(self, req: SidecarRequest) -> bool:
+        """Whether ``req`` could start now if nothing in its pool were ahead of it."""
+        assert req.priority is not None
+        return (self._in_flight() < self.batch_limit(req.priority)
+                and self.pools[req.priority].has_room_for(req))
+
+    def victims(self, priority: Priority) -> list[Running]:
+        """Running requests a ``priority`` request may preempt, best victim first: lower
+        priority, not yet preempted ``preemption.max_per_request`` times; the lowest
+        priority first, then the most work left."""
+        cfg = self.config.preemption
+        if not cfg.enabled:
+            return []
+        out = [r for p, pool in self.pools.items() if p > priority
+               for r in pool.running.values() if r.live and r.preemptions < cfg.max_per_request]
+        out.sort(key=lambda r: (-int(r.req.priority or 0), -r.expected_end))
+        return out
+
+    def _slots_free_in_s(self, req: SidecarRequest) -> tuple[list[float], float]:
+        """Seconds until each running request whose slot ``req`` could take ends, and
+        the share of freed slots ``req``'s pool gets."""
         assert req.priority is not None
         pool = self.pools[req.priority]
-        slot_free = (self._in_flight() < self.config.max_in_flight
-                     and pool.has_room_for(req))
+        now = self.estimator.clock()
+        step = self.estimator.tpot_s(req.priority)
+        if self._in_flight() < self.batch_limit(req.priority):
+            running, share = pool.running.values(), 1.0  # blocked by its own pool's limits
+        else:
+            running = [r for p in self.pools.values() for r in p.running.values()]
+            # Freed slots are contested only by pools with queued work.
+            weights = {p: pool.config.weight for p, pool in self.pools.items()
+                       if pool.queued or p == req.priority}
+            share = weights[req.priority] / sum(weights.values())
+        return [max(r.expected_end - now, step) for r in running], share
+
+    def natural_wait_s(self, req: SidecarRequest) -> float:
+        """Expected queue wait of ``req`` if admitted now, without preemption: the slots
+        it needs (its position in its pool), as running requests end and the engine
+        completes work."""
+        assert req.priority is not None
+        pool = self.pools[req.priority]
+        in_flight = self._in_flight()
+        if (in_flight + self.total_queued() < self.batch_limit(req.priority)
+                and pool.in_flight + pool.queued < pool.config.max_in_flight):
+            return 0.0  # everything queued starts at the next dispatch, this one too
         slots = min(pool.config.max_in_flight, self.config.max_in_flight)
+        ends, share = self._slots_free_in_s(req)
         return self.estimator.queue_wait_s(
-            req.priority, ahead=pool.queued, slot_free=slot_free, share=self.share(req.priority),
+            req.priority, ahead=pool.queued, slot_free=self.slot_free(req), share=share,
             slots=slots, service_s=self.estimator.service_s(req.priority,
-                                                            max_tokens=req.max_tokens))
+                                                            max_tokens=req.max_tokens),
+            slots_free_in_s=ends)
+
+    def preempt_wait_s(self, req: SidecarRequest) -> float | None:
+        """Expected wait of ``req`` when lower-priority work is preempted for it (one
+        decode step), or ``None`` when there is not enough to preempt."""
+        assert req.priority is not None
+        if len(self.victims(req.priority)) < self.pools[req.priority].queued + 1:
+            return None
+        return self.estimator.tpot_s(req.priority, self._in_flight())
+
+    def preempts_at_once(self, priority: Priority) -> bool:
+        """Whether ``priority`` preempts lower work as soon as it cannot start."""
+        cfg = self.config.preemption
+        return cfg.enabled and str(priority) in cfg.immediate
+
+    def estimate_wait_s(self, req: SidecarRequest) -> float:
+        """Expected queue wait of ``req`` if it were admitted now, seconds (with
+        preemption for the priorities that preempt at once)."""
+        natural = self.natural_wait_s(req)
+        if natural > 0.0 and self.preempts_at_once(req.priority):  # type: ignore[arg-type]
+            if (pre := self.preempt_wait_s(req)) is not None:
+                return min(natural, pre)
+        return natural
+
+    def fit_batch(self, req: SidecarRequest, wait_s: float, *,
+                  largest: bool = False) -> int | None:
+        """The batch size ``req`` should run in to finish by its deadline after waiting
+        ``wait_s``: the batch it would join (sequences running plus itself; with
+        ``largest``, the engine's ``max_in_flight``) when that fits, else the largest
+        smaller batch that fits and that preempting lower work can reach
+        (``preemption.shrink_batch``); ``None`` when none fits."""
+        assert req.priority is not None
+        natural = min(self._in_flight() + 1, self.config.max_in_flight)
+        if largest:
+            natural = self.config.max_in_flight
+        left_ms = req.deadline_ts - now_ms()
+        slack = self.config.deadline_slack
+
+        def fits(batch: int) -> bool:
+            service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
+                                                 batch=batch)
+            return slack * (wait_s + service_s) * 1000.0 <= left_ms
+
+        if fits(natural):
+            return natural
+        cfg = self.config.preemption
+        if not (cfg.enabled and cfg.shrink_batch):
+            return None
+        floor = self._in_flight() - len(self.victims(req.priority)) + 1
+        for batch in range(natural - 1, max(floor, 1) - 1, -1):
+            if fits(batch):
+                return batch
+        return None
 
     def over_watermark(self, priority: Priority) -> str | None:
         """Why ``priority`` is being shed right now, or ``None``."""
@@ -86,20 +196,28 @@ class LoadControl:
                            f"(max_queued {pool.config.max_queued})")
         if req.priority is not Priority.HIGH and (why := self.over_watermark(req.priority)):
             return Refusal(RefusalReason.OVERLOADED, f"load shedding: {why}")
-        wait_s = self.estimate_wait_s(req)
+        wait_s = self.last_wait_s = self.estimate_wait_s(req)
         if wait_s * 1000.0 > pool.config.max_queue_delay_ms:
             return Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
                            f"estimated queue wait {wait_s * 1000:.0f} ms exceeds pool "
                            f"{req.priority}'s max_queue_delay_ms {pool.config.max_queue_delay_ms}")
         if self.config.deadline_admission and self.estimator.warm:
-            service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens)
-            done_ms = now_ms() + self.config.deadline_slack * (wait_s + service_s) * 1000.0
-            if done_ms > req.deadline_ts:
+            if self.fit_batch(req, wait_s) is None and not self._fits_with_preemption(req):
+                service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
+                                                     batch=min(self._in_flight() + 1,
+                                                               self.config.max_in_flight))
+                done_ms = now_ms() + self.config.deadline_slack * (wait_s + service_s) * 1000.0
                 return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
                                f"estimated completion in {done_ms - now_ms():.0f} ms (wait "
                                f"{wait_s * 1000:.0f} ms + service {service_s * 1000:.0f} ms) is "
                                f"after the deadline, {req.deadline_ts - now_ms()} ms away")
         return None
+
+    def _fits_with_preemption(self, req: SidecarRequest) -> bool:
+        """Whether preempting lower work (for a priority that preempts only when its
+        deadline is at risk) would let ``req`` finish in time."""
+        pre = self.preempt_wait_s(req)
+        return pre is not None and self.fit_batch(req, pre) is not None
 
     def watermark_victims(self) -> Iterator[tuple[SidecarRequest, Refusal]]:
         """Queued ``low`` (then ``normal``) requests to shed, newest first, while the total
@@ -116,14 +234,27 @@ class LoadControl:
                                       f"watermark ({mark}) after admission")
 
     def infeasible_now(self, req: SidecarRequest) -> Refusal | None:
-        """At the head of the queue: shed instead of starting work that cannot finish."""
+        """At the head of the queue: shed instead of starting work that cannot finish,
+        even in the smallest batch preemption can give it."""
         if not (self.config.deadline_admission and self.estimator.warm):
             return None
         assert req.priority is not None
-        service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens)
+        if self.fit_batch(req, 0.0) is not None:
+            return None
+        service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
+                                             batch=min(self._in_flight() + 1,
+                                                       self.config.max_in_flight))
         left_ms = req.deadline_ts - now_ms()
-        if self.config.deadline_slack * service_s * 1000.0 > left_ms:
-            return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
-                           f"after queueing, {left_ms} ms left is less than the estimated "
-                           f"service time {service_s * 1000:.0f} ms")
-        return None
+        return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
+                       f"after queueing, {left_ms} ms left is less than the estimated "
+                       f"service time {service_s * 1000:.0f} ms")
+
+    def target_batch(self, req: SidecarRequest) -> int | None:
+        """When ``req`` starts now: the largest batch it can meet its deadline in, when
+        that is below ``max_in_flight`` (lower work is preempted down to it and held
+        back while it runs), else ``None``."""
+        if not (self.config.deadline_admission and self.estimator.warm
+                and self.config.preemption.shrink_batch):
+            return None
+        batch = self.fit_batch(req, 0.0, largest=True)
+        return batch if batch is not None and batch < self.config.max_in_flight else None

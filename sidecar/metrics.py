@@ -86,6 +86,8 @@ class _LiveCollector(Collector):
             "late_work_aborted": ("Requests generating past their deadline "
                                   "(finish_and_backfill) aborted without a late result.",
                                   s.late_aborted),
+            "preemptions": ("Running requests aborted and requeued for higher-priority work.",
+                            s.preemptions),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))
@@ -110,6 +112,15 @@ class _LiveCollector(Collector):
                                                  float(s.engine.waiting))
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))
+        err = GaugeMetricFamily(
+            f"{_PREFIX}_queue_wait_estimate_error_seconds",
+            "Actual minus admission-time estimated queue wait of recently started requests.",
+            labels=["priority", "stat"])
+        for priority, summary in s.wait_error_s.items():
+            for stat in ("p50", "p99"):
+                if (value := summary.get(stat)) is not None:
+                    err.add_metric([str(priority), stat], float(value))
+        yield err
 
 
 class SidecarMetrics:

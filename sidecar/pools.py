@@ -20,6 +20,25 @@ from sidecar.request_state import RequestStatus, SidecarRequest
 
 
 @dataclass
+class Running:
+    """A request inside the engine, as the scheduler sees it."""
+
+    req: SidecarRequest
+    started: float
+    """Monotonic time it was dispatched."""
+    expected_end: float
+    """Monotonic time it is expected to finish (dispatch + estimated service)."""
+    preemptions: int = 0
+    """How many times it was preempted before this run."""
+    target_batch: int | None = None
+    """While it runs, lower-priority work is held back so at most this many sequences
+    run (it needs a small batch to meet its deadline); ``None``: no limit."""
+    live: bool = False
+    """Its serving task has begun (a task cancelled before it begins runs no cleanup,
+    so only live requests are preempted)."""
+
+
+@dataclass
 class Pool:
     """Runtime state of one priority pool."""
 
@@ -30,6 +49,11 @@ class Pool:
     """Requests still waiting (the deque may also hold lazily removed ones)."""
     in_flight: int = 0
     tokens_in_flight: int = 0
+    running: dict[str, Running] = field(default_factory=dict)
+    """The pool's requests inside the engine, by ``request_id``."""
+    holding: dict[str, int] = field(default_factory=dict)
+    """Target batch of each running request that holds lower work back (few, so reading
+    the limit does not walk every running request)."""
     shed_by_reason: collections.Counter[str] = field(default_factory=collections.Counter)
     results_by_status: collections.Counter[str] = field(default_factory=collections.Counter)
     met_deadline: int = 0
@@ -58,13 +82,25 @@ class Pool:
             return True  # a lone oversized request must not wait forever
         return self.tokens_in_flight + req.token_footprint <= self.config.max_tokens_in_flight
 
-    def started(self, req: SidecarRequest) -> None:
+    def started(self, req: SidecarRequest, running: Running | None = None) -> None:
         self.in_flight += 1
         self.tokens_in_flight += req.token_footprint
+        if running is not None:
+            self.running[req.request_id] = running
+            if running.target_batch is not None:
+                self.holding[req.request_id] = running.target_batch
 
     def stopped(self, req: SidecarRequest) -> None:
         self.in_flight -= 1
         self.tokens_in_flight -= req.token_footprint
+        self.running.pop(req.request_id, None)
+        self.holding.pop(req.request_id, None)
+
+    def push_front(self, req: SidecarRequest) -> None:
+        """Queue ``req`` again ahead of everything queued (a preempted request keeps its
+        place: it was dispatched before them)."""
+        self.queue.appendleft(req)
+        self.queued += 1
 
 
 class WeightedPicker:

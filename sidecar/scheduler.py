@@ -27,6 +27,15 @@ dispatch loop moves queued requests into the engine while fewer than
 request is one task that consumes the engine's stream under the request's
 deadline; cancelling it aborts the request inside the engine.
 
+Preemption (``scheduler.preemption``): when the head of a ``high`` queue cannot
+start because the engine is full (or the head of a ``normal`` queue would miss its
+deadline waiting for a slot), the running request of the lowest priority with the
+most work left is aborted in the engine and put back at the front of its pool's
+queue, its deadline unchanged and its partial output dropped; it is preempted at
+most ``max_per_request`` times. When a request can only meet its deadline in a
+smaller batch (per-sequence decode speed falls as the batch grows), lower work is
+preempted and held back while it runs (:meth:`LoadControl.fit_batch`).
+
 Every request with a ``request_id`` ends in exactly one terminal result, written
 through :meth:`_finish`, which ignores a second finish of the same request.
 
@@ -56,7 +65,7 @@ from sidecar.engines import Engine, EngineRequest
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
 from sidecar.load_control import LoadControl
-from sidecar.pools import Pool, WeightedPicker
+from sidecar.pools import Pool, Running, WeightedPicker
 from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
 from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
 
@@ -87,11 +96,21 @@ class Scheduler:
         self._late: dict[str, tuple[SidecarRequest, int]] = {}
         """Late work holding an engine slot: id -> (request, output tokens its
         terminal row reported)."""
+        self._area = 0.0
+        self._area_at = time.monotonic()
         self.load = LoadControl(config, self.pools, self.estimator,
                                 in_flight=lambda: self._in_flight_total)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._queue_timers: dict[str, asyncio.TimerHandle] = {}
         self._seen = DedupeWindow(config.dedupe_window)
+        self._preemptions: dict[str, int] = {}
+        """Times each request still alive was preempted."""
+        self._preempting: set[str] = set()
+        """Running requests cancelled for preemption whose task has not ended yet."""
+        self._owed: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        """Slots freed by preemption on behalf of each pool, not yet taken by it."""
+        self._wait_estimates: dict[str, tuple[float, float]] = {}
+        """Per queued request: (estimated wait at admission, monotonic admission time)."""
         self._waiters: dict[str, asyncio.Future[ResultRecord]] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -224,6 +243,7 @@ class Scheduler:
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
         ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts))
+        self._wait_estimates[req.request_id] = (self.load.last_wait_s, time.monotonic())
         self._shed_over_watermarks()
         return ack
 
@@ -260,10 +280,16 @@ class Scheduler:
             head = pool.head()
             if head is None:
                 self.picker.forget(priority)
-            elif pool.has_room_for(head):
+                self._owed[priority] = 0
+            elif (pool.has_room_for(head)
+                  and self._in_flight_total < self.load.batch_limit(priority)):
                 candidates.append(priority)
         if not candidates:
             return None
+        owed = [p for p in candidates if self._owed[p] > 0]
+        if owed:  # a slot freed by preemption goes to the pool that preempted
+            self._owed[owed[0]] -= 1
+            return self.pools[owed[0]].head()
         req = self.pools[self.picker.pick(candidates)].head()
         assert req is not None
         return req
@@ -283,16 +309,124 @@ class Scheduler:
                 if refusal := self.load.infeasible_now(req):
                     self._shed(req, refusal)
                     continue
-                pool.started(req)
-                self._in_flight_total += 1
-                self.estimator.observe_dispatch(req.priority)
-                req.status = RequestStatus.RUNNING
-                self._tasks[req.request_id] = asyncio.create_task(
-                    self._serve(req), name=f"serve-{req.request_id}")
+                self._start(req)
+            self._preempt_for_waiting()
             self._update_idle()
+
+    def _start(self, req: SidecarRequest) -> None:
+        """Hand a request that left its queue to the engine (one serving task)."""
+        assert req.priority is not None
+        pool = self.pools[req.priority]
+        now = time.monotonic()
+        target = self.load.target_batch(req)
+        batch = target or min(self._in_flight_total + 1, self.config.max_in_flight)
+        service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
+                                             batch=batch)
+        pool.started(req, Running(req, now, now + service_s,
+                                  self._preemptions.get(req.request_id, 0), target))
+        if target is not None:  # it needs a small batch: make room now
+            excess = self._in_flight_total + 1 - target
+            for victim in self.load.victims(req.priority)[:max(excess, 0)]:
+                self._preempt(victim)
+        self._batch_area()
+        self._in_flight_total += 1
+        self.estimator.observe_dispatch(req.priority)
+        req.status = RequestStatus.RUNNING
+        if estimate := self._wait_estimates.pop(req.request_id, None):
+            self._log_wait(req, estimate[0], now - estimate[1])
+        self._tasks[req.request_id] = asyncio.create_task(
+            self._serve(req), name=f"serve-{req.request_id}")
+
+    def _batch_area(self) -> float:
+        """Sequences in the engine integrated over time (sequence-seconds) up to now;
+        the mean batch a request decoded in is the growth of this over its decode time.
+        Called whenever the number in flight changes."""
+        now = time.monotonic()
+        self._area += self._in_flight_total * (now - self._area_at)
+        self._area_at = now
+        return self._area
+
+    def _mean_batch(self, area_from: float, area_to: float, seconds: float) -> float | None:
+        return (area_to - area_from) / seconds if seconds > 0.0 else None
+
+    def _log_wait(self, req: SidecarRequest, estimated_s: float, actual_s: float) -> None:
+        """Record the admission-time wait estimate against the wait that happened."""
+        assert req.priority is not None
+        self.counters.wait_error(req.priority, actual_s - estimated_s)
+        if self.log_requests:
+            logger.info("Queue wait of %s (%s): estimated %.1f ms, actual %.1f ms.",
+                        req.request_id, req.priority, estimated_s * 1000, actual_s * 1000)
+
+    # ------------------------------------------------------------------ preemption
+
+    def _preempt_for_waiting(self) -> None:
+        """Preempt lower work for queue heads that cannot start: at once for the
+        priorities in ``preemption.immediate``, else when the head's deadline is at risk."""
+        if not self.config.preemption.enabled:
+            return
+        for priority in (Priority.HIGH, Priority.NORMAL):
+            pool = self.pools[priority]
+            head = pool.head()
+            if head is None or self.load.slot_free(head):
+                continue
+            if not pool.has_room_for(head):
+                continue  # its own pool's limit blocks it; lower work is not in the way
+            waiting = pool.queued if self.load.preempts_at_once(priority) else \
+                self._at_risk(pool)
+            need = waiting - self._owed[priority]
+            for victim in self.load.victims(priority):
+                if need <= 0:
+                    break
+                if victim.req.request_id in self._preempting:
+                    continue
+                if self._preempt(victim):
+                    self._owed[priority] += 1
+                    need -= 1
+
+    def _at_risk(self, pool: Pool) -> int:
+        """1 when the head of ``pool`` would miss its deadline waiting for a slot, else 0."""
+        head = pool.head()
+        if head is None or not self.estimator.warm:
+            return 0
+        wait_s = self.load.natural_wait_s(head)
+        return int(self.load.fit_batch(head, wait_s) is None)
+
+    def _preempt(self, victim: Running) -> bool:
+        """Abort a running request in the engine; :meth:`_serve` requeues it."""
+        rid = victim.req.request_id
+        task = self._tasks.get(rid)
+        if task is None or rid in self._preempting or not task.cancel():
+            return False
+        self._preempting.add(rid)
+        self._preemptions[rid] = self._preemptions.get(rid, 0) + 1
+        self.counters.preemptions += 1
+        if self.log_requests:
+            logger.info("Preempted request %s (%s), %d time(s).", rid, victim.req.priority,
+                        self._preemptions[rid])
+        return True
+
+    def _requeue(self, req: SidecarRequest) -> None:
+        """A preempted request goes back to the front of its pool's queue, with its
+        deadline; its partial output is dropped and it starts from scratch later."""
+        assert req.priority is not None
+        if self._dispatcher is None:  # shutting down: nothing will start it again
+            req.error = "preempted, then aborted by sidecar shutdown"
+            self._finish(req, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
+            return
+        req.status = RequestStatus.QUEUED
+        req.text, req.output_tokens, req.cached_tokens = "", 0, 0
+        req.first_token_ts = None
+        req.error = None
+        self.pools[req.priority].push_front(req)
+        delay_s = max(0.0, (req.deadline_ts - now_ms()) / 1000.0)
+        self._queue_timers[req.request_id] = asyncio.get_running_loop().call_later(
+            delay_s, self._expire_queued, req, True)
+        self._wait_estimates.pop(req.request_id, None)
 
     async def _serve(self, req: SidecarRequest) -> None:
         assert req.priority is not None
+        if running := self.pools[req.priority].running.get(req.request_id):
+            running.live = True
         engine_req = EngineRequest(
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,
@@ -308,6 +442,8 @@ class Scheduler:
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
         first_token_at = last_token_at = None
+        area_at_first = 0.0
+        preempted = False
         try:
             async with asyncio.timeout(None if backfill else remaining_s):
                 async for progress in self.engine.generate(engine_req):
@@ -315,6 +451,7 @@ class Scheduler:
                         last_token_at = time.monotonic()
                         if first_token_at is None:
                             first_token_at = last_token_at
+                            area_at_first = self._batch_area()
                             req.first_token_ts = now_ms()
                     req.text = progress.text
                     req.output_tokens = progress.output_tokens
@@ -330,9 +467,12 @@ class Scheduler:
             status, finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
             req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
         except asyncio.CancelledError:
-            status, finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
-            req.error = req.error or "aborted by sidecar shutdown"
-            raise
+            if req.request_id in self._preempting and status is RequestStatus.FINISHED_ERROR:
+                preempted = True  # requeued below; the cancel was ours
+            else:
+                status, finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
+                req.error = req.error or "aborted by sidecar shutdown"
+                raise
         except EngineDeadError as e:
             req.error = f"engine died: {e}"
             logger.error("Engine died while serving %s: %s", req.request_id, e)
@@ -342,15 +482,20 @@ class Scheduler:
         finally:
             if late_timer is not None:
                 late_timer.cancel()
+            area_at_last = self._batch_area()
             late = self._late.pop(req.request_id, None)
             if not req.late:  # late work left its pool at the deadline
                 self.pools[req.priority].stopped(req)
             if not req.late or late is not None:  # _abort_late freed the slot already
                 self._in_flight_total -= 1
             self._tasks.pop(req.request_id, None)
-            self.counters.prompt_tokens_total += req.prompt_tokens
-            self.counters.cached_tokens_total += req.cached_tokens
-            if first_token_at is not None:
+            self._preempting.discard(req.request_id)
+            if preempted:
+                self._requeue(req)
+            else:
+                self.counters.prompt_tokens_total += req.prompt_tokens
+                self.counters.cached_tokens_total += req.cached_tokens
+            if first_token_at is not None and not preempted:
                 completed = (status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
                              and not req.late)  # to the estimator, late work was aborted
                 tpot = ((last_token_at - first_token_at) / (req.output_tokens - 1)
@@ -358,8 +503,13 @@ class Scheduler:
                 self.estimator.observe_finish(
                     req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
                     output_tokens=req.output_tokens if completed else 0,
-                    max_tokens=req.max_tokens)
-            if not req.late:
+                    max_tokens=req.max_tokens,
+                    batch=self._mean_batch(area_at_first, area_at_last,
+                                           last_token_at - first_token_at
+                                           if last_token_at is not None else 0.0))
+            if preempted:
+                pass
+            elif not req.late:
                 self._finish(req, status, finish_reason)
             elif late is not None:
                 self._end_late_work(req, status, finish_reason, tokens_counted=late[1])
@@ -448,6 +598,8 @@ class Scheduler:
         """The only place a request becomes terminal; a second call is ignored."""
         if req.status.is_finished():
             return
+        self._preemptions.pop(req.request_id, None)
+        self._wait_estimates.pop(req.request_id, None)
         req.status = status
         req.finish_reason = finish_reason
         req.finish_ts = now_ms()
@@ -545,4 +697,6 @@ class Scheduler:
             late_results=c.late_results,
             late_aborted=c.late_aborted,
             late_in_flight=len(self._late),
+            preemptions=c.preemptions,
+            wait_error_s=c.wait_error_summary(),
         )

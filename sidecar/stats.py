@@ -6,12 +6,15 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from sidecar.contract import STATUSES, Priority, RefusalReason
+from sidecar.contract import STATUSES, Priority, RefusalReason, percentile
 from sidecar.engines import EngineStats
 from sidecar.request_state import ResultRecord
 
 #: Output tokens/s is measured over the requests finished in this many seconds.
 TOKEN_RATE_WINDOW_S = 10.0
+
+#: How many recent wait-estimate errors are kept per pool.
+WAIT_ERROR_SAMPLES = 10_000
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ class SchedulerStats:
     """Late work aborted without a late row (to free a slot for on-time work, drain)."""
     late_in_flight: int = 0
     """Requests generating past their deadline now."""
+    preemptions: int = 0
+    wait_error_s: dict[Priority, dict[str, float | None]] = field(default_factory=dict)
+    """Per pool: ``p50``/``p99`` of actual minus estimated queue wait (seconds) and ``n``."""
 
     @property
     def queued(self) -> dict[Priority, int]:
@@ -91,11 +97,21 @@ class SchedulerCounters:
     """Late ``ok`` rows: counted here only, never again as terminal results."""
     late_aborted: int = 0
     """Late work aborted without a late row."""
+    preemptions: int = 0
+    """Running requests aborted and requeued for higher-priority work."""
+    wait_errors: dict[Priority, collections.deque[float]] = field(
+        default_factory=lambda: {p: collections.deque(maxlen=WAIT_ERROR_SAMPLES)
+                                 for p in Priority}, repr=False)
+    """Per pool, the last actual minus estimated queue waits (seconds) of started requests."""
     results_by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     refusals_by_reason: dict[str, int] = field(
         default_factory=lambda: {str(r): 0 for r in RefusalReason})
     _token_events: collections.deque[tuple[float, int]] = field(
         default_factory=collections.deque, repr=False)
+
+    def wait_error(self, priority: Priority, error_s: float) -> None:
+        """Record one started request's actual minus estimated queue wait."""
+        self.wait_errors[priority].append(error_s)
 
     def refused(self, reason: RefusalReason) -> None:
         self.refusals_by_reason[str(reason)] += 1
@@ -114,6 +130,14 @@ class SchedulerCounters:
         if (extra := record.output_tokens - tokens_counted) > 0:
             self._token_events.append((time.monotonic(), extra))
             self._trim()
+    def wait_error_summary(self) -> dict[Priority, dict[str, float | None]]:
+        """Per pool: ``n``, ``p50`` and ``p99`` of actual minus estimated wait, seconds."""
+        out: dict[Priority, dict[str, float | None]] = {}
+        for p, errors in self.wait_errors.items():
+            xs = list(errors)
+            out[p] = {"n": float(len(xs)), "p50": percentile(xs, 50),
+                      "p99": percentile(xs, 99)}
+        return out
 
     def output_tokens_per_s(self) -> float:
         self._trim()

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from sidecar.contract import PRIORITY_NAMES
+from sidecar.contract import PRIORITY_NAMES, percentiles
 from sts_harness.hops import format_hops, hop_latencies
 from sts_harness.replay import EventReplayer
-from sts_harness.stats import percentiles
+
 
 class DemoFailedError(RuntimeError):
     """A part of the demo (the sidecar, a query) died while it ran."""

@@ -19,6 +19,9 @@ from sidecar.contract.files import (
     write_text_atomically,
 )
 
+# From sidecar.contract.percentiles
+from sidecar.contract.percentiles import percentile, percentiles
+
 # From sidecar.contract.result_files
 from sidecar.contract.result_files import (
     ResultFileKey,
@@ -57,6 +60,8 @@ __all__ = [
     "attributes_problem",
     "build_sections",
     "now_ms",
+    "percentile",
+    "percentiles",
     "parse_result_file_name",
     "read_yaml",
     "result_file_name",

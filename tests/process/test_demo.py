@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from spark_ext.sink import DeltaSink
+
 from sts_harness.demo import DemoOptions, load_samples, run_demo
 
 

@@ -11,7 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from sidecar import result_writer
-from sidecar.config import PoolConfig, ResultChannelConfig, SchedulerConfig, SidecarConfig
+from sidecar.config import (
+    PoolConfig,
+    ResultChannelConfig,
+    SchedulerConfig,
+    SidecarConfig,
+)
 from sidecar.contract import RESULT_SCHEMA, parse_result_file_name, result_file_name
 from sidecar.model_prep import default_model_dir, is_prepared, prepare_default_model
 from sidecar.request_state import ResultRecord

@@ -1,4 +1,4 @@
-"""Percentiles, one definition for the demo, the benchmarks and the tests."""
+"""Percentiles, one definition for the sidecar, the demo, the benchmarks and the tests."""
 
 from __future__ import annotations
 

@@ -1,0 +1,195 @@
+"""Preemption, batch size as a scheduling lever and positional wait estimates, in process
+on the simulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+
+from sidecar.config import SchedulerConfig
+from sidecar.contract import Priority, RefusalReason
+from sidecar.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from sidecar.estimator import BatchSpeedModel, ServiceRateEstimator
+from sidecar.load_control import LoadControl
+from sidecar.pools import Pool, Running
+from sidecar.request_state import ResultRecord
+from sidecar.scheduler import Scheduler
+from tests.utils import make_sidecar_request, until, with_scheduler
+
+pytestmark = pytest.mark.timeout(60)
+
+HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
+STEP_MS = 10.0
+
+
+def _engine(seqs: int, per_seq_ms: float = 0.0) -> SimulatedEngine:
+    return SimulatedEngine(SimulatedEngineConfig(max_num_seqs=seqs, step_base_ms=STEP_MS,
+                                                 step_per_seq_ms=per_seq_ms))
+
+
+def _config(slots: int, **kw) -> SchedulerConfig:
+    pools = {p: {"max_in_flight": slots} for p in ("high", "normal", "low")}
+    return SchedulerConfig(max_in_flight=slots, pools=pools, **kw)
+
+
+def _by_id(results: list[ResultRecord]) -> dict[str, ResultRecord]:
+    rows = collections.Counter(r.request_id for r in results)
+    assert all(n == 1 for n in rows.values()), rows  # one terminal row per request
+    return {r.request_id: r for r in results}
+
+
+def test_high_preempts_long_low_work_and_the_low_request_finishes_later() -> None:
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.submit_batch([make_sidecar_request(f"low{i}", priority=LOW, max_tokens=60,
+                                             deadline_in_ms=60_000) for i in range(2)])
+        await until(lambda: s.pools[LOW].in_flight == 2
+                    and all(r.live for r in s.pools[LOW].running.values()))
+        await asyncio.sleep(0.1)  # both low requests are decoding
+        [ack] = s.submit_batch([make_sidecar_request("hi", priority=HIGH, max_tokens=5,
+                                                     deadline_in_ms=3000)])
+        assert ack.accepted
+        await until(lambda: len(results) == 3)
+        assert s.stats().preemptions == 1
+
+    results = asyncio.run(with_scheduler(_engine(2), _config(2), body))
+    rows = _by_id(results)
+    hi = rows["hi"]
+    assert hi.status == "ok"
+    # It started within one decode step plus dispatch, not after a 60-token low answer.
+    assert hi.ttft_ms is not None and hi.ttft_ms <= 4 * STEP_MS + 30, hi
+    lows = [rows["low0"], rows["low1"]]
+    assert all(r.status == "ok" and r.output_tokens == 60 for r in lows), lows
+    # The preempted one ran again from scratch after the high request: its TTFT is that
+    # of its final run (long after its first start), and it ended after the high one.
+    victim = max(lows, key=lambda r: r.finish_ts)
+    assert victim.first_token_ts is not None and victim.first_token_ts >= hi.received_ts
+    assert victim.finish_ts > hi.finish_ts
+
+
+def test_a_request_is_preempted_at_most_max_per_request_times() -> None:
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.submit_batch([make_sidecar_request("low", priority=LOW, max_tokens=40,
+                                             deadline_in_ms=60_000)])
+        await until(lambda: s.pools[LOW].in_flight == 1)
+        await asyncio.sleep(0.05)
+        s.submit_batch([make_sidecar_request("h1", priority=HIGH, max_tokens=3)])
+        await until(lambda: len(results) == 1)  # h1 done; low runs again
+        await until(lambda: s.pools[LOW].in_flight == 1)
+        await asyncio.sleep(0.05)
+        s.submit_batch([make_sidecar_request("h2", priority=HIGH, max_tokens=3)])
+        await until(lambda: len(results) == 3)
+
+    results = asyncio.run(with_scheduler(
+        _engine(1), _config(1, preemption={"max_per_request": 1}), body))
+    order = [r.request_id for r in results]
+    assert order == ["h1", "low", "h2"], order  # low was not preempted a second time
+    assert all(r.status == "ok" for r in results)
+
+
+def test_preemption_off_makes_high_wait_for_a_slot() -> None:
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.submit_batch([make_sidecar_request("low", priority=LOW, max_tokens=30)])
+        await until(lambda: s.pools[LOW].in_flight == 1)
+        s.submit_batch([make_sidecar_request("hi", priority=HIGH, max_tokens=3)])
+        await until(lambda: len(results) == 2)
+        assert s.stats().preemptions == 0
+
+    results = asyncio.run(with_scheduler(
+        _engine(1), _config(1, preemption={"enabled": False}), body))
+    assert [r.request_id for r in results] == ["low", "hi"]
+
+
+def _load_control(slots: int, clock) -> tuple[LoadControl, dict[Priority, Pool]]:
+    config = _config(slots)
+    pools = {p: Pool(p, config.pools[str(p)]) for p in Priority}
+    est = ServiceRateEstimator(clock=clock)
+    return LoadControl(config, pools, est,
+                       in_flight=lambda: sum(p.in_flight for p in pools.values())), pools
+
+
+def _run(pools: dict[Priority, Pool], rid: str, priority: Priority, now: float, ends_in: float,
+         **kw) -> None:
+    req = make_sidecar_request(rid, priority=priority, max_tokens=100)
+    pools[priority].started(req, Running(req, now, now + ends_in, live=True, **kw))
+
+
+def test_lone_high_request_waits_for_one_slot_not_its_pools_history() -> None:
+    now = [100.0]
+    load, pools = _load_control(4, lambda: now[0])
+    load.config.preemption.enabled = False
+    est = load.estimator
+    # Warm: a slow history of the high pool (a dispatch every few seconds) and fast lows.
+    for i in range(5):
+        now[0] = 90.0 + 2 * i
+        est.observe_dispatch(HIGH)
+        est.observe_finish(HIGH, ttft_s=0.05, tpot_s=0.01, output_tokens=50, max_tokens=64)
+    now[0] = 100.0
+    for rid, ends_in in (("l1", 0.4), ("l2", 3.0), ("l3", 6.0), ("l4", 9.0)):
+        _run(pools, rid, LOW, now[0], ends_in)
+    pools[LOW].push(make_sidecar_request("lq", priority=LOW))  # low work queued too
+    lone = make_sidecar_request("hi", priority=HIGH, max_tokens=64)
+    # One slot frees in 0.4 s; high's weight 8 vs low's 1 -> it needs that one slot.
+    assert load.estimate_wait_s(lone) == pytest.approx(0.4)
+    # Behind two queued high requests it needs the third slot to free.
+    pools[HIGH].push(make_sidecar_request("h0", priority=HIGH))
+    pools[HIGH].push(make_sidecar_request("h1", priority=HIGH))
+    assert load.estimate_wait_s(lone) == pytest.approx(6.0)
+    # With preemption on, lower work makes room within one decode step.
+    load.config.preemption.enabled = True
+    assert load.estimate_wait_s(lone) < 0.1
+
+
+def test_batch_speed_model_and_shrinking_the_batch_instead_of_refusing() -> None:
+    model = BatchSpeedModel()
+    model.observe(8, 0.084)
+    # One batch size seen: the prior shape (10 % per extra sequence) gives the slope.
+    assert model.tpot(1) < model.tpot(8) == pytest.approx(0.084)
+    now = [0.0]
+    load, pools = _load_control(8, lambda: now[0])
+    est = load.estimator
+    for _ in range(20):  # 12 tokens/s each at batch 8, 20 tokens/s alone
+        est.observe_finish(LOW, ttft_s=0.1, tpot_s=1 / 12, output_tokens=64, max_tokens=64,
+                           batch=8)
+        est.observe_finish(LOW, ttft_s=0.1, tpot_s=1 / 20, output_tokens=64, max_tokens=64,
+                           batch=1)
+        est.observe_finish(HIGH, ttft_s=0.1, tpot_s=1 / 12, output_tokens=64, max_tokens=64,
+                           batch=8)
+    for i in range(7):
+        _run(pools, f"l{i}", LOW, now[0], 20.0)
+    # 64 tokens at batch 8 take ~5.4 s; alone ~3.3 s. A 4.5 s deadline fits a small batch.
+    req = make_sidecar_request("hi", priority=HIGH, max_tokens=64, deadline_in_ms=4500)
+    assert load.check(req) is None  # not refused as infeasible while low work runs
+    batch = load.target_batch(req)
+    assert batch is not None and batch < 8
+    # Without preemption the same request is refused.
+    load.config.preemption.enabled = False
+    refusal = load.check(req)
+    assert refusal is not None and refusal.reason is RefusalReason.DEADLINE_INFEASIBLE
+
+
+def test_served_share_is_ordered_high_normal_low_on_a_cpu_like_engine() -> None:
+    """Per-sequence speed falls steeply with the batch (like vLLM on CPU); the SLAs make
+    ``high`` feasible only in a small batch. The LLM must answer high >= normal >= low."""
+    sla_ms = {HIGH: 1500, NORMAL: 4000, LOW: 12_000}
+    sent: dict[Priority, int] = collections.Counter()
+
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        prios = [LOW, NORMAL, LOW, HIGH, NORMAL, LOW, NORMAL, LOW, HIGH, LOW]
+        for i in range(60):
+            p = prios[i % len(prios)]
+            sent[p] += 1
+            s.submit_batch([make_sidecar_request(f"r{i}", priority=p, max_tokens=40,
+                                                 deadline_in_ms=sla_ms[p])])
+            await asyncio.sleep(0.1)
+        await until(lambda: len(results) == 60, 40)
+
+    results = asyncio.run(with_scheduler(_engine(8, per_seq_ms=6.0), SchedulerConfig(
+        max_in_flight=8), body))
+    _by_id(results)
+    ok = collections.Counter(Priority.parse(r.priority) for r in results
+                             if r.status == "ok" and r.finish_ts <= r.deadline_ts)
+    share = {p: ok[p] / sent[p] for p in Priority}
+    assert share[HIGH] >= share[NORMAL] >= share[LOW], share
+    assert share[HIGH] >= 0.5, share
