@@ -19,3 +19,9 @@ sts bench --engine vllm --profile cpu-small --rates 0.5,1,2,4 --duration 30 --ou
 
 # 4. The sidecar's own knee on real vLLM.
 sts bench --knee --engine vllm --profile cpu-small --duration 40 --out "$OUT/cpu-vllm-knee"
+
+# 5. Priority under 10x overload (simulated engine; --engine vllm for the real one).
+python -m benchmarks.overload --engine simulated
+
+# 6. Answer write cost as the answers table grows (10k, 100k, 1M rows).
+python -m benchmarks.delta_growth --out "$OUT/delta_growth"

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from spark_ext.config import PipelineConfig
+    from spark_ext.exceptions import PipelineFailedError
     from spark_ext.pipeline import StsPipeline
 
     config = PipelineConfig.from_yaml(args.config)
@@ -33,9 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = StsPipeline(spark, config)
     pipeline.start()
     try:
-        spark.streams.awaitAnyTermination(args.timeout)
+        pipeline.await_termination(args.timeout)
     except KeyboardInterrupt:
         pass
+    except PipelineFailedError as e:
+        print(f"sts job: {e}", file=sys.stderr)
+        return 1
     finally:
         pipeline.stop()
     return 0
