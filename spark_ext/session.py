@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
 
 def local_session(app_name: str, *, cores: int = 2) -> SparkSession:
-    """A ``local[cores]`` session set up for the STS queries: few shuffle partitions and
-    no UI (:meth:`spark_ext.pipeline.StsPipeline.start` sets what the queries need)."""
+    """A ``local[cores]`` session for the STS queries: few shuffle partitions, no UI, and
+    Python workers on this interpreter (unless ``PYSPARK_PYTHON`` says otherwise)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    if not os.environ.get("PYSPARK_PYTHON"):
+        # Python workers run this interpreter (its venv), not whatever python3 is on PATH.
+        builder = builder.config("spark.pyspark.python", sys.executable)
+    session = (builder
                .config("spark.sql.shuffle.partitions", str(cores))
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")

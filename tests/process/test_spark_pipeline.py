@@ -375,3 +375,31 @@ def test_landing_folder_stays_bounded(spark, tmp_path: Path) -> None:
     assert pipeline.store.read("results").num_rows == 60  # the rows are kept in Delta
     # ~5 result files a second, each deleted a second after it was read
     assert max(sizes[4:]) <= 15, f"landing folder grew: {sizes}"
+
+
+def test_a_dead_query_stops_the_pipeline_with_one_line(spark, tmp_path: Path) -> None:
+    """If one query dies, the pipeline does not go on submitting with nobody answering:
+    everything stops and check() names the query and the error in one line."""
+    from spark_ext.exceptions import PipelineFailedError
+
+    cfg = _config(tmp_path, f"127.0.0.1:{free_port()}", str(tmp_path / "results"),
+                  sidecar={"timeout_s": 1.0})
+    pipeline = StsPipeline(spark, cfg)
+
+    def broken(batch, batch_id):
+        raise OSError("disk full")
+
+    pipeline._write_submitted = broken  # type: ignore[method-assign]
+    pipeline.start()
+    try:
+        _write_events(tmp_path, "doomed", _events("doomed", 2))
+        wait_until(lambda: pipeline.failure, 60, what="the failure noticed")
+        wait_until(lambda: not any(q.isActive for q in pipeline.queries), 30,
+                   what="every query stopped")
+        with pytest.raises(PipelineFailedError) as err:
+            pipeline.check()
+    finally:
+        pipeline.stop()
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("query sts-submit failed") and "disk full" in message
