@@ -53,6 +53,7 @@ is aborted (for a slot, by the drain, or by shutdown) or fails gets none.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -85,6 +86,11 @@ class Scheduler:
     def __init__(self, engine: Engine, emit: Callable[[ResultRecord], None],
                  config: SchedulerConfig, sidecar_id: str, *, log_requests: bool = False) -> None:
         self.engine = engine
+        if engine.batches > 1 and config.preemption.shrink_batch:
+            logger.warning("The engine decodes %d independent batches; the batch-size lever "
+                           "(preemption.shrink_batch) is off.", engine.batches)
+            config = dataclasses.replace(config, preemption=dataclasses.replace(
+                config.preemption, shrink_batch=False))
         self.config = config
         self.sidecar_id = sidecar_id
         self.log_requests = log_requests

@@ -61,6 +61,10 @@ class Engine(abc.ABC):
     #: ``vllm`` or ``simulated``; written into stats so outputs are labelled.
     kind: str = ""
 
+    #: Independent batches the engine decodes (one per GPU). The scheduler's batch-size
+    #: lever (``preemption.shrink_batch``) needs 1: it cannot shrink one GPU's batch of many.
+    batches: int = 1
+
     @property
     @abc.abstractmethod
     def model_name(self) -> str:

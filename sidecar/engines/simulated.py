@@ -209,6 +209,7 @@ class SimulatedCluster(Engine):
         self.config = config
         self.replicas = [SimulatedEngine(config, served_model_name=served_model_name)
                          for _ in range(config.replicas)]
+        self.batches = len(self.replicas)
         self.max_model_len = self.replicas[0].max_model_len
 
     @property
