@@ -91,6 +91,13 @@ def _percentiles(values: list[float]) -> dict:
     return {"n": len(values), **percentiles(values, digits=None)}
 
 
+def _phase_medians(progress: list[dict]) -> dict[str, float]:
+    """Median ``durationMs`` per phase over the micro-batches that had input rows."""
+    busy = [p["durationMs"] for p in progress if p.get("numInputRows")]
+    phases = sorted({k for d in busy for k in d})
+    return {k: statistics.median(d.get(k, 0) for d in busy) for k in phases}
+
+
 def _replayer(folder: Path, requests: list[GeneratedRequest]) -> EventReplayer:
     """Replays ``requests`` as Spark events into ``folder``, each at its arrival time."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
@@ -229,6 +236,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
         durations = [p["durationMs"].get("triggerExecution", 0) / 1000
                      for q in pipeline.queries if q.name == "sts-submit"
                      for p in q.recentProgress]
+        query_ms = {q.name: _phase_medians(q.recentProgress) for q in pipeline.queries}
     finally:
         pipeline.stop()
         replayer.stop()
@@ -237,6 +245,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
     result = summarize("sts", rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
                        durations)
     result["hops_ms"] = hop_latencies(rows)
+    result["query_phase_ms_p50"] = query_ms
     result["answers_by_source"] = dict(collections.Counter(r["answer_source"] for r in rows))
     return result
 
