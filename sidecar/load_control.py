@@ -39,6 +39,9 @@ class LoadControl:
         self.estimator = estimator
         self._in_flight = in_flight
         self._pool_list = list(pools.values())
+        marks = config.load_shedding.queue_depth
+        self._lowest_queue_mark = min((marks[name] for name in ("low", "normal") if name in marks),
+                                      default=None)
         self.last_wait_s = 0.0
         """The wait estimated by the last :meth:`check` that got that far (logged
         against the actual wait when the request starts)."""
@@ -226,10 +229,8 @@ class LoadControl:
     def over_any_queue_watermark(self) -> bool:
         """Whether the total queue depth is over the ``low`` or ``normal`` watermark (a
         quick test before :meth:`watermark_victims`)."""
-        marks = self.config.load_shedding.queue_depth
-        lowest = min((marks[name] for name in ("low", "normal") if name in marks),
-                     default=None)
-        return lowest is not None and self.total_queued() > lowest
+        mark = self._lowest_queue_mark
+        return mark is not None and self.total_queued() > mark
 
     def watermark_victims(self) -> Iterator[tuple[SidecarRequest, Refusal]]:
         """Queued ``low`` (then ``normal``) requests to shed, newest first, while the total

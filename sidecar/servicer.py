@@ -14,7 +14,7 @@ from sidecar.request_state import ResultRecord, SidecarRequest
 from sidecar.scheduler import Scheduler
 from sidecar.stats import SchedulerStats
 
-_PRIORITY_VALUES = {int(p) for p in Priority}
+_PRIORITY_BY_VALUE = {int(p): p for p in Priority}
 
 
 def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
@@ -22,7 +22,7 @@ def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
     return SidecarRequest(
         request_id=msg.request_id,
         trace_id=msg.trace_id,
-        priority=Priority(msg.priority) if msg.priority in _PRIORITY_VALUES else None,
+        priority=_PRIORITY_BY_VALUE.get(msg.priority),
         enqueue_ts=msg.enqueue_ts,
         deadline_ts=msg.deadline_ts,
         model=msg.model,
@@ -32,8 +32,9 @@ def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
         cache_key=msg.cache_key,
         callback_topic=msg.callback_topic,
         seed=msg.seed if msg.HasField("seed") else None,
-        attributes=dict(msg.attributes),
+        attributes=dict(msg.attributes) if msg.attributes else {},
         submit_ts=msg.submit_ts,
+        received_ts=0,  # set by Scheduler.submit_batch, once per batch
     )
 
 
