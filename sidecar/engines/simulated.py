@@ -105,6 +105,35 @@ class _SimSeq:
         return self.out.popleft()
 
 
+class _SimStream:
+    """The consumer's side of one sequence. A plain async iterator, not an async
+    generator: the loop's per-generator bookkeeping costs as much as the rest of
+    the stream. An exception in the consumer's wait (its cancel) drops the sequence."""
+
+    __slots__ = ("_engine", "_seq", "_done")
+
+    def __init__(self, engine: "SimulatedEngine", seq: _SimSeq) -> None:
+        self._engine = engine
+        self._seq = seq
+        self._done = False
+
+    def __aiter__(self) -> "_SimStream":
+        return self
+
+    async def __anext__(self) -> EngineProgress:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._seq.get()
+        except BaseException:
+            self._done = True
+            self._engine._drop(self._seq)
+            raise
+        if item.finished:
+            self._done = True
+        return item
+
+
 class SimulatedEngine(Engine):
     """Continuous-batching timing model behind the :class:`Engine` interface.
 
@@ -140,20 +169,13 @@ class SimulatedEngine(Engine):
         per = self.config.chars_per_token
         return [list(range(max(1, int(len(p) / per)))) for p in prompts]
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
         if self._task is None:
             raise RuntimeError("SimulatedEngine.start() was not awaited")
         seq = _SimSeq(request)
         heapq.heappush(self._waiting, (request.priority, next(self._arrivals), seq))
         self._wake.set()
-        try:
-            while True:
-                item = await seq.get()
-                yield item
-                if item.finished:
-                    return
-        finally:
-            self._drop(seq)
+        return _SimStream(self, seq)
 
     def _drop(self, seq: _SimSeq) -> None:
         """Abort: forget the sequence wherever it is (no-op once it finished)."""
