@@ -32,7 +32,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.result_writer import ParquetResultWriter
 from sidecar.scheduler import Scheduler
-from sidecar.servicer import ack_to_proto, request_from_proto
+from sidecar.servicer import InferenceServicer
 
 
 def _config(results_dir: str) -> SidecarConfig:
@@ -60,6 +60,7 @@ async def _run(requests: int, batch: int, results_dir: str,
     scheduler = Scheduler(engine, emit, config.scheduler, "inprocess")
     scheduler.start()
     metrics = SidecarMetrics(scheduler)
+    servicer = InferenceServicer(scheduler, engine_kind=engine.kind, started_at=0.0)
     wires = [make_batch("p", i, batch).SerializeToString()
              for i in range(0, requests, batch)]
     await asyncio.sleep(0.05)
@@ -70,9 +71,8 @@ async def _run(requests: int, batch: int, results_dir: str,
     for wire in wires:
         t0 = time.process_time()
         msg = pb.SubmitBatchRequest.FromString(wire)
-        acks = scheduler.submit_batch([request_from_proto(r) for r in msg.requests])
-        pb.SubmitBatchResponse(acks=[ack_to_proto(a) for a in acks],
-                               sidecar_id=scheduler.sidecar_id).SerializeToString()
+        reply = await servicer.SubmitBatch(msg, None)  # type: ignore[arg-type]
+        reply.SerializeToString()
         submit_cpu += time.process_time() - t0
         await asyncio.sleep(0)  # let the dispatcher and the engine run, as between RPCs
     await scheduler._idle.wait()

@@ -70,8 +70,8 @@ class LoadControl:
         engine's ``max_in_flight``, lowered while a higher-priority request that needs
         a small batch runs (see :attr:`~sidecar.pools.Running.target_batch`)."""
         limit = self.config.max_in_flight
-        for p, pool in self.pools.items():
-            if p < priority and pool.holding:
+        for pool in self._pool_list:
+            if pool.holding and pool.priority < priority:
                 limit = min(limit, *pool.holding.values())
         return limit
 

@@ -288,7 +288,8 @@ class Scheduler:
 
     def _next_request(self) -> SidecarRequest | None:
         """Pick the next request to start, or ``None`` when no pool has work and room."""
-        candidates = []
+        candidates: list[Priority] = []
+        heads: list[SidecarRequest] = []
         for priority, pool in self.pools.items():
             head = pool.head()
             if head is None:
@@ -297,15 +298,16 @@ class Scheduler:
             elif (pool.has_room_for(head)
                   and self._in_flight_total < self.load.batch_limit(priority)):
                 candidates.append(priority)
+                heads.append(head)
         if not candidates:
             return None
-        owed = [p for p in candidates if self._owed[p] > 0]
-        if owed:  # a slot freed by preemption goes to the pool that preempted
-            self._owed[owed[0]] -= 1
-            return self.pools[owed[0]].head()
-        req = self.pools[self.picker.pick(candidates)].head()
-        assert req is not None
-        return req
+        for i, p in enumerate(candidates):
+            if self._owed[p] > 0:  # a slot freed by preemption goes to the pool that preempted
+                self._owed[p] -= 1
+                return heads[i]
+        if len(candidates) == 1:  # a pick among one leaves the picker's credits unchanged
+            return heads[0]
+        return heads[candidates.index(self.picker.pick(candidates))]
 
     async def _dispatch_loop(self) -> None:
         while True:
