@@ -12,6 +12,7 @@ changes it less than wall time.
 Example:
     PYTHONPATH=. python scripts/gateway_inprocess.py --requests 100000 --batch 64
     PYTHONPATH=. python scripts/gateway_inprocess.py --profile cprofile   # top functions
+    PYTHONPATH=. python scripts/gateway_inprocess.py --profile pyinstrument  # pip install pyinstrument
 """
 
 from __future__ import annotations
