@@ -38,13 +38,20 @@ class LoadControl:
         self.pools = pools
         self.estimator = estimator
         self._in_flight = in_flight
+        self._pool_list = list(pools.values())
+        marks = config.load_shedding.queue_depth
+        self._lowest_queue_mark = min((marks[name] for name in ("low", "normal") if name in marks),
+                                      default=None)
         self.last_wait_s = 0.0
         """The wait estimated by the last :meth:`check` that got that far (logged
         against the actual wait when the request starts)."""
 
     def total_queued(self) -> int:
         """Requests waiting in all pools."""
-        return sum(pool.queued for pool in self.pools.values())
+        n = 0
+        for pool in self._pool_list:
+            n += pool.queued
+        return n
 
     def total_tokens_in_flight(self) -> int:
         """Prompt plus ``max_tokens`` of every request inside the engine."""
@@ -63,8 +70,8 @@ class LoadControl:
         engine's ``max_in_flight``, lowered while a higher-priority request that needs
         a small batch runs (see :attr:`~sidecar.pools.Running.target_batch`)."""
         limit = self.config.max_in_flight
-        for p, pool in self.pools.items():
-            if p < priority and pool.holding:
+        for pool in self._pool_list:
+            if pool.holding and pool.priority < priority:
                 limit = min(limit, *pool.holding.values())
         return limit
 
@@ -218,6 +225,12 @@ class LoadControl:
         deadline is at risk) would let ``req`` finish in time."""
         pre = self.preempt_wait_s(req)
         return pre is not None and self.fit_batch(req, pre) is not None
+
+    def over_any_queue_watermark(self) -> bool:
+        """Whether the total queue depth is over the ``low`` or ``normal`` watermark (a
+        quick test before :meth:`watermark_victims`)."""
+        mark = self._lowest_queue_mark
+        return mark is not None and self.total_queued() > mark
 
     def watermark_victims(self) -> Iterator[tuple[SidecarRequest, Refusal]]:
         """Queued ``low`` (then ``normal``) requests to shed, newest first, while the total

@@ -159,6 +159,11 @@ class SidecarMetrics:
             "Receive to terminal result, every status.", ["priority", "status"],
             buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_LiveCollector(scheduler, loop))
+        self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+        """Labelled results counter and latency histogram per (priority, status, reason):
+        ``labels()`` costs more than the observation itself."""
+        self._ttft_children: dict[str, Histogram] = {}
+        self._tpot_children: dict[str, Histogram] = {}
 
     def observe(self, record: ResultRecord) -> None:
         """Count one result (call it for every result emitted); a late row counts
@@ -167,13 +172,20 @@ class SidecarMetrics:
         if record.late:
             self.late_results.labels(priority).inc()
             return
-        self.results.labels(priority, record.status, record.reason or "none").inc()
-        self.e2e.labels(priority, record.status).observe(
-            max(0.0, (record.finish_ts - record.received_ts) / 1000.0))
+        key = (priority, record.status, record.reason or "none")
+        if (children := self._children.get(key)) is None:
+            children = self._children[key] = (self.results.labels(*key),
+                                              self.e2e.labels(priority, record.status))
+        children[0].inc()
+        children[1].observe(max(0.0, (record.finish_ts - record.received_ts) / 1000.0))
         if record.ttft_ms is not None:
-            self.ttft.labels(priority).observe(record.ttft_ms / 1000.0)
+            if (ttft := self._ttft_children.get(priority)) is None:
+                ttft = self._ttft_children[priority] = self.ttft.labels(priority)
+            ttft.observe(record.ttft_ms / 1000.0)
         if record.tpot_ms is not None:
-            self.tpot.labels(priority).observe(record.tpot_ms / 1000.0)
+            if (tpot := self._tpot_children.get(priority)) is None:
+                tpot = self._tpot_children[priority] = self.tpot.labels(priority)
+            tpot.observe(record.tpot_ms / 1000.0)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Expose ``/metrics`` on ``addr:port`` from a daemon thread."""

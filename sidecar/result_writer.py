@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,6 +34,9 @@ from sidecar.request_state import ResultRecord
 logger = logging.getLogger(__name__)
 
 _COLUMNS = [f.name for f in RESULT_SCHEMA]
+_ROW = operator.attrgetter(*_COLUMNS)
+"""A record's values in column order."""
+_ATTRIBUTES = _COLUMNS.index("attributes")
 
 
 class ParquetResultWriter:
@@ -111,12 +115,9 @@ class ParquetResultWriter:
 
     def _write_file(self, rows: list[ResultRecord]) -> None:
         """Write one file (called under ``_write_lock``, so one at a time, in seq order)."""
-        columns: dict[str, list] = {name: [] for name in _COLUMNS}
-        for row in rows:
-            for name in _COLUMNS:
-                columns[name].append(getattr(row, name))
-        columns["attributes"] = [list(a.items()) for a in columns["attributes"]]
-        table = pa.table(columns, schema=RESULT_SCHEMA)
+        columns = list(zip(*map(_ROW, rows)))  # rows to columns, in C
+        columns[_ATTRIBUTES] = [list(a.items()) if a else [] for a in columns[_ATTRIBUTES]]
+        table = pa.table(dict(zip(_COLUMNS, columns)), schema=RESULT_SCHEMA)
         name = result_file_name(self.incarnation_ms, self._seq, self.sidecar_id)
         try:
             write_parquet_atomically(table, self.directory, name)

@@ -69,8 +69,15 @@ from sidecar.load_control import LoadControl
 from sidecar.pools import Pool, Running, WeightedPicker
 from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
 from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
+from sidecar.timers import DeadlineTimers, TimerEntry
 
 logger = logging.getLogger(__name__)
+
+
+def _uncancel_current() -> int:
+    """Withdraw one cancel request of the current task; the ones left."""
+    task = asyncio.current_task()
+    return task.uncancel() if task is not None else 0
 
 class Scheduler:
     """Priority queues in front of an :class:`Engine`.
@@ -107,7 +114,12 @@ class Scheduler:
         self.load = LoadControl(config, self.pools, self.estimator,
                                 in_flight=lambda: self._in_flight_total)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._queue_timers: dict[str, asyncio.TimerHandle] = {}
+        self._timers = DeadlineTimers()
+        """Every deadline of a queued or running request, behind one loop timer."""
+        self._queue_timers: dict[str, TimerEntry] = {}
+        self._expiring: set[str] = set()
+        """Running requests cancelled at their deadline (``abort`` pools) whose task has
+        not ended yet."""
         self._seen = DedupeWindow(config.dedupe_window)
         self._preemptions: dict[str, int] = {}
         """Times each request still alive was preempted."""
@@ -209,6 +221,8 @@ class Scheduler:
 
     def _shed_over_watermarks(self) -> None:
         """Shed the queued requests :meth:`LoadControl.watermark_victims` picks."""
+        if not self.load.over_any_queue_watermark():
+            return
         for victim, refusal in self.load.watermark_victims():
             assert victim.priority is not None
             self.pools[victim.priority].queue.pop()
@@ -238,11 +252,10 @@ class Scheduler:
         self.counters.accepted += 1
         req.status = RequestStatus.QUEUED
         pool.push(req)
-        loop = asyncio.get_running_loop()
         delay_deadline = (req.deadline_ts - now_ms()) / 1000.0
         delay_queue = pool.config.max_queue_delay_ms / 1000.0
-        self._queue_timers[req.request_id] = loop.call_later(
-            max(0.0, min(delay_deadline, delay_queue)), self._expire_queued, req,
+        self._queue_timers[req.request_id] = self._timers.call_later(
+            min(delay_deadline, delay_queue), self._expire_queued, req,
             delay_deadline <= delay_queue)
         self._idle.clear()
         self._wake.set()
@@ -258,7 +271,7 @@ class Scheduler:
         assert req.priority is not None
         self.pools[req.priority].queued -= 1
         if timer := self._queue_timers.pop(req.request_id, None):
-            timer.cancel()
+            self._timers.cancel(timer)
 
     def _expire_queued(self, req: SidecarRequest, deadline: bool) -> None:
         """Still queued at its deadline (``timeout``) or after the pool's
@@ -281,7 +294,8 @@ class Scheduler:
 
     def _next_request(self) -> SidecarRequest | None:
         """Pick the next request to start, or ``None`` when no pool has work and room."""
-        candidates = []
+        candidates: list[Priority] = []
+        heads: list[SidecarRequest] = []
         for priority, pool in self.pools.items():
             head = pool.head()
             if head is None:
@@ -290,15 +304,16 @@ class Scheduler:
             elif (pool.has_room_for(head)
                   and self._in_flight_total < self.load.batch_limit(priority)):
                 candidates.append(priority)
+                heads.append(head)
         if not candidates:
             return None
-        owed = [p for p in candidates if self._owed[p] > 0]
-        if owed:  # a slot freed by preemption goes to the pool that preempted
-            self._owed[owed[0]] -= 1
-            return self.pools[owed[0]].head()
-        req = self.pools[self.picker.pick(candidates)].head()
-        assert req is not None
-        return req
+        for i, p in enumerate(candidates):
+            if self._owed[p] > 0:  # a slot freed by preemption goes to the pool that preempted
+                self._owed[p] -= 1
+                return heads[i]
+        if len(candidates) == 1:  # a pick among one leaves the picker's credits unchanged
+            return heads[0]
+        return heads[candidates.index(self.picker.pick(candidates))]
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -424,14 +439,16 @@ class Scheduler:
         req.first_token_ts = None
         req.error = None
         self.pools[req.priority].push_front(req)
-        delay_s = max(0.0, (req.deadline_ts - now_ms()) / 1000.0)
-        self._queue_timers[req.request_id] = asyncio.get_running_loop().call_later(
+        delay_s = (req.deadline_ts - now_ms()) / 1000.0
+        self._queue_timers[req.request_id] = self._timers.call_later(
             delay_s, self._expire_queued, req, True)
         self._wait_estimates.pop(req.request_id, None)
 
     async def _serve(self, req: SidecarRequest) -> None:
         assert req.priority is not None
-        if running := self.pools[req.priority].running.get(req.request_id):
+        rid = req.request_id
+        pool = self.pools[req.priority]
+        if running := pool.running.get(rid):
             running.live = True
         engine_req = EngineRequest(
             request_id=req.request_id,
@@ -441,40 +458,41 @@ class Scheduler:
             seed=req.seed,
             priority=int(req.priority),
         )
-        remaining_s = max((req.deadline_ts - now_ms()) / 1000.0, 0.0)
-        backfill = self.pools[req.priority].config.on_deadline == "finish_and_backfill"
-        late_timer = (asyncio.get_running_loop().call_later(
-            remaining_s, self._deadline_passed_running, req) if backfill else None)
+        remaining_s = (req.deadline_ts - now_ms()) / 1000.0
+        deadline_timer = self._timers.call_later(
+            remaining_s, self._deadline_passed_running
+            if pool.config.on_deadline == "finish_and_backfill" else self._deadline_abort, req)
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
         first_token_at = last_token_at = None
         area_at_first = 0.0
         preempted = False
         try:
-            async with asyncio.timeout(None if backfill else remaining_s):
-                async for progress in self.engine.generate(engine_req):
-                    if progress.output_tokens > req.output_tokens:
-                        last_token_at = time.monotonic()
-                        if first_token_at is None:
-                            first_token_at = last_token_at
-                            area_at_first = self._batch_area()
-                            req.first_token_ts = now_ms()
-                    req.text = progress.text
-                    req.output_tokens = progress.output_tokens
-                    req.cached_tokens = max(req.cached_tokens, progress.cached_tokens)
-                    if progress.finished:
-                        finish_reason = progress.finish_reason or FinishReason.STOP
-                        status = (RequestStatus.FINISHED_LENGTH
-                                  if finish_reason is FinishReason.LENGTH
-                                  else RequestStatus.FINISHED_OK)
+            async for progress in self.engine.generate(engine_req):
+                if progress.output_tokens > req.output_tokens:
+                    last_token_at = time.monotonic()
+                    if first_token_at is None:
+                        first_token_at = last_token_at
+                        area_at_first = self._batch_area()
+                        req.first_token_ts = now_ms()
+                req.text = progress.text
+                req.output_tokens = progress.output_tokens
+                if progress.cached_tokens > req.cached_tokens:
+                    req.cached_tokens = progress.cached_tokens
+                if progress.finished:
+                    finish_reason = progress.finish_reason or FinishReason.STOP
+                    status = (RequestStatus.FINISHED_LENGTH
+                              if finish_reason is FinishReason.LENGTH
+                              else RequestStatus.FINISHED_OK)
             if status is RequestStatus.FINISHED_ERROR:
                 req.error = "engine stream ended without a final output"
-        except TimeoutError:
-            status, finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
-            req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
         except asyncio.CancelledError:
-            if req.request_id in self._preempting and status is RequestStatus.FINISHED_ERROR:
+            if rid in self._preempting and status is RequestStatus.FINISHED_ERROR:
                 preempted = True  # requeued below; the cancel was ours
+            elif rid in self._expiring and _uncancel_current() == 0:
+                # Our deadline cancel and nobody else's (asyncio.timeout's rule).
+                status, finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
+                req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
             else:
                 status, finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
                 req.error = req.error or "aborted by sidecar shutdown"
@@ -486,16 +504,16 @@ class Scheduler:
             req.error = f"{type(e).__name__}: {e}"
             logger.exception("Request %s failed in the engine.", req.request_id)
         finally:
-            if late_timer is not None:
-                late_timer.cancel()
+            self._timers.cancel(deadline_timer)
             area_at_last = self._batch_area()
-            late = self._late.pop(req.request_id, None)
+            late = self._late.pop(rid, None) if self._late else None
             if not req.late:  # late work left its pool at the deadline
-                self.pools[req.priority].stopped(req)
+                pool.stopped(req)
             if not req.late or late is not None:  # _abort_late freed the slot already
                 self._in_flight_total -= 1
-            self._tasks.pop(req.request_id, None)
-            self._preempting.discard(req.request_id)
+            self._tasks.pop(rid, None)
+            self._preempting.discard(rid)
+            self._expiring.discard(rid)
             if preempted:
                 self._requeue(req)
             else:
@@ -521,6 +539,14 @@ class Scheduler:
                 self._end_late_work(req, status, finish_reason, tokens_counted=late[1])
             self._wake.set()
             self._update_idle()
+
+    def _deadline_abort(self, req: SidecarRequest) -> None:
+        """The deadline of a running request of an ``abort`` pool: cancel its serving
+        task, which aborts it in the engine and ends it ``timeout``."""
+        if req.status is not RequestStatus.RUNNING:
+            return
+        if (task := self._tasks.get(req.request_id)) is not None and task.cancel():
+            self._expiring.add(req.request_id)
 
     # ------------------------------------------------------------------ late work
 

@@ -14,7 +14,7 @@ from sidecar.request_state import ResultRecord, SidecarRequest
 from sidecar.scheduler import Scheduler
 from sidecar.stats import SchedulerStats
 
-_PRIORITY_VALUES = {int(p) for p in Priority}
+_PRIORITY_BY_VALUE = {int(p): p for p in Priority}
 
 
 def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
@@ -22,7 +22,7 @@ def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
     return SidecarRequest(
         request_id=msg.request_id,
         trace_id=msg.trace_id,
-        priority=Priority(msg.priority) if msg.priority in _PRIORITY_VALUES else None,
+        priority=_PRIORITY_BY_VALUE.get(msg.priority),
         enqueue_ts=msg.enqueue_ts,
         deadline_ts=msg.deadline_ts,
         model=msg.model,
@@ -32,13 +32,18 @@ def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
         cache_key=msg.cache_key,
         callback_topic=msg.callback_topic,
         seed=msg.seed if msg.HasField("seed") else None,
-        attributes=dict(msg.attributes),
+        attributes=dict(msg.attributes) if msg.attributes else {},
         submit_ts=msg.submit_ts,
+        received_ts=0,  # set by Scheduler.submit_batch, once per batch
     )
 
 
-def ack_to_proto(ack: Ack) -> pb.SubmitAck:
-    return pb.SubmitAck(
+def _ack_fields(ack: Ack) -> dict:
+    """The fields of an ack's wire form that differ from their defaults."""
+    if (ack.accepted and not ack.duplicate and ack.reason is None and not ack.detail
+            and not ack.fallback_text):  # the common case
+        return {"request_id": ack.request_id, "accepted": True, "received_ts": ack.received_ts}
+    return dict(
         request_id=ack.request_id,
         accepted=ack.accepted,
         reason=int(ack.reason) if ack.reason is not None else pb.REFUSAL_REASON_UNSPECIFIED,
@@ -47,6 +52,15 @@ def ack_to_proto(ack: Ack) -> pb.SubmitAck:
         received_ts=ack.received_ts,
         fallback_text=ack.fallback_text,
     )
+
+
+def submit_batch_response(acks: list[Ack], sidecar_id: str) -> pb.SubmitBatchResponse:
+    """The ``SubmitBatch`` answer: one ack per request, in order."""
+    response = pb.SubmitBatchResponse(sidecar_id=sidecar_id)
+    add = response.acks.add  # built in place: no message copied per ack
+    for ack in acks:
+        add(**_ack_fields(ack))
+    return response
 
 
 def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, model: str,
@@ -131,8 +145,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def SubmitBatch(self, request: pb.SubmitBatchRequest,
                           context: grpc.aio.ServicerContext) -> pb.SubmitBatchResponse:
         acks = self.scheduler.submit_batch([request_from_proto(r) for r in request.requests])
-        return pb.SubmitBatchResponse(acks=[ack_to_proto(a) for a in acks],
-                                      sidecar_id=self.scheduler.sidecar_id)
+        return submit_batch_response(acks, self.scheduler.sidecar_id)
 
     async def Generate(self, request: pb.InferenceRequest,
                        context: grpc.aio.ServicerContext) -> pb.Result:

@@ -17,11 +17,12 @@ loop's timer accuracy).
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sidecar.contract import FinishReason
 from sidecar.engines.base import Engine, EngineProgress, EngineRequest, EngineStats
@@ -76,15 +77,61 @@ class SimulatedEngineConfig:
         return (self.step_base_ms + self.step_per_seq_ms * batch) / 1000.0
 
 
-@dataclass
 class _SimSeq:
-    request: EngineRequest
-    out: asyncio.Queue[EngineProgress | BaseException]
-    generated: int = 0
-    footprint: int = field(init=False)
+    """One sequence and its output channel (a list plus a future the consumer awaits
+    when the list is empty: cheaper than an ``asyncio.Queue`` per request)."""
 
-    def __post_init__(self) -> None:
-        self.footprint = len(self.request.prompt_token_ids) + self.request.max_tokens
+    __slots__ = ("request", "out", "waiter", "generated", "footprint")
+
+    def __init__(self, request: EngineRequest) -> None:
+        self.request = request
+        self.out: collections.deque[EngineProgress] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.generated = 0
+        self.footprint = len(request.prompt_token_ids) + request.max_tokens
+
+    def put(self, item: EngineProgress) -> None:
+        self.out.append(item)
+        if (waiter := self.waiter) is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> EngineProgress:
+        while not self.out:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return self.out.popleft()
+
+
+class _SimStream:
+    """The consumer's side of one sequence. A plain async iterator, not an async
+    generator: the loop's per-generator bookkeeping costs as much as the rest of
+    the stream. An exception in the consumer's wait (its cancel) drops the sequence."""
+
+    __slots__ = ("_engine", "_seq", "_done")
+
+    def __init__(self, engine: "SimulatedEngine", seq: _SimSeq) -> None:
+        self._engine = engine
+        self._seq = seq
+        self._done = False
+
+    def __aiter__(self) -> "_SimStream":
+        return self
+
+    async def __anext__(self) -> EngineProgress:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._seq.get()
+        except BaseException:
+            self._done = True
+            self._engine._drop(self._seq)
+            raise
+        if item.finished:
+            self._done = True
+        return item
 
 
 class SimulatedEngine(Engine):
@@ -122,22 +169,13 @@ class SimulatedEngine(Engine):
         per = self.config.chars_per_token
         return [list(range(max(1, int(len(p) / per)))) for p in prompts]
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
         if self._task is None:
             raise RuntimeError("SimulatedEngine.start() was not awaited")
-        seq = _SimSeq(request, asyncio.Queue())
+        seq = _SimSeq(request)
         heapq.heappush(self._waiting, (request.priority, next(self._arrivals), seq))
         self._wake.set()
-        try:
-            while True:
-                item = await seq.out.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    return
-        finally:
-            self._drop(seq)
+        return _SimStream(self, seq)
 
     def _drop(self, seq: _SimSeq) -> None:
         """Abort: forget the sequence wherever it is (no-op once it finished)."""
@@ -177,7 +215,7 @@ class SimulatedEngine(Engine):
                 seq.generated += 1
                 done = seq.generated >= seq.request.max_tokens
                 if seq.generated == 1 or done:
-                    seq.out.put_nowait(EngineProgress(
+                    seq.put(EngineProgress(
                         text=f"[simulated] {seq.generated} tokens" if done else "",
                         output_tokens=seq.generated,
                         cached_tokens=0,
