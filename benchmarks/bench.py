@@ -124,7 +124,7 @@ def find_knee(curve: list[dict]) -> dict:
 
 def _sidecar_args(opts: BenchOptions) -> list[str]:
     args = ["--engine", opts.engine, "--sidecar-id", f"bench-{opts.engine}",
-            "--set", "results.flush_interval_s=0.1"]
+            "--set", "results.flush_interval_s=0.05"]
     if opts.sidecar_config:
         args = ["--config", str(Path(opts.sidecar_config).resolve()), *args]
     if opts.model:

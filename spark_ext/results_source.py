@@ -35,7 +35,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.errors import PySparkNotImplementedError
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+)
 
 from sidecar.contract import RESULT_SCHEMA, parse_result_file_name
 
@@ -209,12 +215,46 @@ class ResultsStreamReader(DataSourceStreamReader):
                     pass
 
 
+class ResultsSimpleStreamReader(SimpleDataSourceStreamReader):
+    """The same offsets, quarantine and cleanup, reading on the driver in one step
+    (Spark's simple reader: no Python task per micro-batch, so less latency per batch;
+    meant for the modest row rates of one pipeline's results)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self._files = ResultsStreamReader(options)
+
+    def initialOffset(self) -> dict:
+        return self._files.initialOffset()
+
+    def _rows(self, start: dict, end: dict) -> Iterator[tuple]:
+        names = READ_SCHEMA.names
+        attrs = names.index("attributes")
+        for partition in self._files.partitions(start, end):
+            for batch in self._files.read(partition):
+                for row in zip(*(c.to_pylist() for c in batch.columns)):
+                    row = list(row)
+                    row[attrs] = dict(row[attrs] or ())
+                    yield tuple(row)
+
+    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+        end = self._files.latestOffset(start, None)
+        return iter(list(self._rows(start, end))), end
+
+    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
+        return iter(list(self._rows(start, end)))
+
+    def commit(self, end: dict) -> None:
+        self._files.commit(end)
+
+
 class ResultsDataSource(DataSource):
     """``spark.readStream.format("sts_results").option("path", dir)``.
 
     Options: ``path`` (the results folder, required), ``quarantineDir`` (default
     ``<path>/quarantine``), ``retentionSeconds`` (keep read files this long, default
-    3600), ``filesPerPartition`` (default 64).
+    3600), ``reader`` (``simple``, the default: read on the driver, least latency per
+    micro-batch; ``partitioned``: one Spark task per ``filesPerPartition`` files, for
+    high result rates), ``filesPerPartition`` (default 64).
     """
 
     @classmethod
@@ -226,10 +266,24 @@ class ResultsDataSource(DataSource):
 
         return spark_schema(RESULT_SCHEMA)
 
-    def streamReader(self, schema: object) -> DataSourceStreamReader:
+    def _options(self) -> dict[str, str]:
         if not self.options.get("path"):
             raise ValueError("the sts_results source needs option('path', <results folder>)")
-        return ResultsStreamReader(dict(self.options))
+        reader = self.options.get("reader", "simple")
+        if reader not in ("simple", "partitioned"):
+            raise ValueError(f"sts_results option reader={reader!r}: simple or partitioned")
+        return dict(self.options)
+
+    def streamReader(self, schema: object) -> DataSourceStreamReader:
+        options = self._options()
+        if options.get("reader", "simple") == "simple":
+            # Spark then asks for simpleStreamReader.
+            raise PySparkNotImplementedError(errorClass="NOT_IMPLEMENTED",
+                                             messageParameters={"feature": "streamReader"})
+        return ResultsStreamReader(options)
+
+    def simpleStreamReader(self, schema: object) -> SimpleDataSourceStreamReader:
+        return ResultsSimpleStreamReader(self._options())
 
 
 def register_results_source(spark: object) -> None:

@@ -209,3 +209,21 @@ def test_reader_keeps_read_files_within_retention(tmp_path: Path, retention: str
     reader = _reader(results, retentionSeconds=retention)
     reader.commit(reader.latestOffset(reader.initialOffset(), None))
     assert good.exists()
+
+
+def test_simple_reader_reads_on_the_driver_and_replays_a_range(tmp_path: Path) -> None:
+    from spark_ext.results_source import ResultsSimpleStreamReader
+
+    results = tmp_path / "results"
+    _write(results, result_file_name(NOW, 0, "sc"), _results(_result("a"), _result("b")))
+    reader = ResultsSimpleStreamReader({"path": str(results)})
+    rows, end = reader.read(reader.initialOffset())
+    rows = list(rows)
+    assert end == {"streams": {f"sc@{NOW}": 0}}
+    assert [r[0] for r in rows] == ["a", "b"]
+    attrs = RESULT_SCHEMA.names.index("attributes")
+    assert rows[0][attrs] == {"event_id": "e-a"}  # Spark wants maps as dicts
+    again = list(reader.readBetweenOffsets(reader.initialOffset(), end))
+    assert again == rows
+    empty, same = reader.read(end)
+    assert list(empty) == [] and same == end
