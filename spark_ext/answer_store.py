@@ -9,9 +9,10 @@ micro-batch's write costs the same at 10 thousand rows as at 10 million.
   the ids answered in the last ``ledger_horizon_s`` decides whether a row is new
   (append), an upgrade of a fallback (backfill) or a repeat (dropped). It is
   rebuilt from the recent partitions when the pipeline starts.
-- **Backfill touches recent partitions only.** Tables are partitioned by the UTC
-  hour of ``enqueue_ts`` (``enqueue_hour``); the backfill MERGE names the
-  partitions of its rows, so delta-rs prunes every other file.
+- **Backfill touches the files of its rows only.** Tables are partitioned by the
+  UTC hour of ``enqueue_ts`` (``enqueue_hour``), and the backfill MERGE names its
+  rows' partitions and ``enqueue_ts`` range, so delta-rs skips every other file
+  (appends are written in time order, so each file covers a narrow time range).
 - **Maintenance on a schedule**: :meth:`AnswerStore.maintain` compacts the
   recent partitions and vacuums files older than the retention.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,6 +56,54 @@ def with_partition(table: pa.Table) -> pa.Table:
     if PARTITION in table.column_names:
         return table.set_column(table.schema.get_field_index(PARTITION), PARTITION, hours)
     return table.append_column(PARTITION, hours)
+
+
+class AnswerLedger:
+    """The ids answered in the last ``horizon_s`` seconds and how each was answered.
+
+    Kept as flat dicts of strings and floats plus one list of ids per call, so a
+    million remembered ids cost the garbage collector almost nothing (a tuple per id
+    would be a million tracked objects, walked by every full collection).
+
+    Example:
+        >>> ledger = AnswerLedger(horizon_s=60)
+        >>> ledger.remember_all(["a", "b"], ["llm", "fallback"], now=0.0)
+        >>> ledger.remember_all(["b"], ["backfill"], now=50.0)
+        >>> ledger.get("b"), len(ledger)
+        ('backfill', 2)
+        >>> ledger.remember_all([], [], now=100.0)  # "a" is older than the horizon
+        >>> ledger.get("a"), ledger.get("b")
+        (None, 'backfill')
+    """
+
+    def __init__(self, horizon_s: float) -> None:
+        self.horizon_s = horizon_s
+        self._source: dict[str, str] = {}
+        self._at: dict[str, float] = {}
+        self._batches: collections.deque[tuple[float, list[str]]] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def get(self, request_id: str) -> str | None:
+        return self._source.get(request_id)
+
+    def remember_all(self, request_ids: list[str], sources: list[str], *,
+                     now: float | None = None) -> None:
+        """Record how each id was answered, and forget ids older than the horizon."""
+        now = time.monotonic() if now is None else now
+        for rid, source in zip(request_ids, sources):
+            self._source[rid] = sys.intern(source)
+            self._at[rid] = now
+        if request_ids:
+            self._batches.append((now, list(request_ids)))
+        cutoff = now - self.horizon_s
+        while self._batches and self._batches[0][0] < cutoff:
+            _, ids = self._batches.popleft()
+            for rid in ids:
+                if self._at.get(rid, now) < cutoff:  # not remembered again since
+                    del self._at[rid]
+                    del self._source[rid]
 
 
 @dataclass
@@ -96,7 +146,7 @@ class AnswerStore:
         self.storage_options = storage_options
         self.stats = StoreStats()
         self._lock = threading.RLock()
-        self._ledger: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
+        self._ledger = AnswerLedger(ledger_horizon_s)
         self._tables: dict[str, DeltaTable] = {}
 
     # ----------------------------------------------------------------- tables
@@ -181,30 +231,16 @@ class AnswerStore:
         hours = hours_between(now_ms - int(self.ledger_horizon_s * 1000), now_ms)
         table = self.read("answers", ["request_id", "answer_source"], hours=hours)
         with self._lock:
-            now = time.monotonic()
             if table.num_rows:
-                for rid, source in zip(table.column("request_id").to_pylist(),
-                                       table.column("answer_source").to_pylist()):
-                    self._ledger[rid] = (source, now)
+                self._ledger.remember_all(table.column("request_id").to_pylist(),
+                                          table.column("answer_source").to_pylist())
         logger.info("Answer ledger: %d answers of the last %.0f s.", len(self._ledger),
                     self.ledger_horizon_s)
         return len(self._ledger)
 
     def answered(self, request_id: str) -> str | None:
         """The ``answer_source`` of ``request_id`` if it was answered recently."""
-        entry = self._ledger.get(request_id)
-        return entry[0] if entry else None
-
-    def _remember(self, request_id: str, source: str) -> None:
-        now = time.monotonic()
-        self._ledger[request_id] = (source, now)
-        self._ledger.move_to_end(request_id)
-        horizon = now - self.ledger_horizon_s
-        while self._ledger:
-            first = next(iter(self._ledger.values()))
-            if first[1] >= horizon:
-                break
-            self._ledger.popitem(last=False)
+        return self._ledger.get(request_id)
 
     # ----------------------------------------------------------------- answers
 
@@ -229,8 +265,8 @@ class AnswerStore:
                                   now_ms or int(time.time() * 1000))
             if not self.append("answers", table, app_id=app_id, version=version):
                 return 0
-            for rid, row in fresh.items():
-                self._remember(rid, row["answer_source"])
+            self._ledger.remember_all(list(fresh), [r["answer_source"] for r in fresh.values()])
+            for row in fresh.values():
                 self.stats.by_source[row["answer_source"]] += 1
             self.stats.answers_written += len(fresh)
             return len(fresh)
@@ -257,8 +293,14 @@ class AnswerStore:
             source = with_partition(pa.Table.from_pylist(list(rows.values())))
             hours = sorted(set(source.column(PARTITION).to_pylist()))
             in_hours = ", ".join(f"'{h}'" for h in hours)
+            # Literal bounds let delta-rs skip every file outside the rows' partitions
+            # and, by the files' min/max statistics, outside their enqueue times.
+            first, last = (pc.min(source.column("enqueue_ts")).as_py(),
+                           pc.max(source.column("enqueue_ts")).as_py())
             (self._table("answers")
              .merge(source, predicate=(f"t.{PARTITION} IN ({in_hours}) AND "
+                                       f"t.enqueue_ts >= {int(first)} AND "
+                                       f"t.enqueue_ts <= {int(last)} AND "
                                        f"t.{PARTITION} = s.{PARTITION} AND "
                                        "t.request_id = s.request_id"),
                     source_alias="s", target_alias="t")
@@ -273,8 +315,7 @@ class AnswerStore:
                  },
                  predicate="t.answer_source = 'fallback'")
              .execute())
-            for rid in rows:
-                self._remember(rid, "backfill")
+            self._ledger.remember_all(list(rows), ["backfill"] * len(rows))
             self.stats.backfilled += len(rows)
             self.stats.by_source["backfill"] += len(rows)
             return len(rows)

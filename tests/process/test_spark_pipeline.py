@@ -271,9 +271,9 @@ def test_killed_sidecar_every_event_answered_once_without_a_drain(
                            "sla_ms": {"high": 15_000, "normal": 15_000, "low": 15_000}},
                   answers={"grace_ms": 1000}, sidecar={"timeout_s": 2.0})
     pipeline = StsPipeline(spark, cfg)
-    pipeline.start()
     restarted = None
     try:
+        pipeline.start()
         # ~20 s of decoding each: still running when the sidecar is killed
         _write_events(tmp_path, "before", [dict(e, budget=1000) for e in _events("before", 9)])
         wait_until(lambda: sidecar.client.stats().accepted >= 9, 60, what="requests accepted")
@@ -287,6 +287,7 @@ def test_killed_sidecar_every_event_answered_once_without_a_drain(
         answers = _run_until(pipeline, lambda a: len(a) == 12, timeout_s=60)
     finally:
         pipeline.stop()
+        sidecar.__exit__(None, None, None)  # idempotent: a failed test leaves no process
         if restarted is not None:
             restarted.__exit__(None, None, None)
     lost = [a for a in answers.values() if a["event_id"].startswith("before")]
