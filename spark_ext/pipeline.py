@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -52,9 +53,25 @@ logger = logging.getLogger(__name__)
 PIPELINE_ATTRIBUTE = "sts.pipeline"
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+#: A line naming an exception, as Python and the JVM print them (``OSError: disk full``).
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?$")
+
+
+def one_line_reason(e: BaseException) -> str:
+    """The most telling line of an error: the last exception line of its text (for a
+    failed ``foreachBatch``, the user function's own ``OSError: ...`` rather than Spark's
+    "An exception was raised by the Python Proxy"), else its first line.
+
+    Example:
+        >>> one_line_reason(RuntimeError("Query failed: Traceback (most recent call last):\\n"
+        ...                 '  File "job.py", line 3\\nOSError: disk full\\n at org.apache.X'))
+        'OSError: disk full'
+    """
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    named = [line for line in lines[1:] if _EXCEPTION_LINE.match(line)]
+    if named:
+        return named[-1]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
 class StsPipeline:
@@ -200,12 +217,12 @@ class StsPipeline:
     def _find_failure(self) -> str | None:
         for q in self.queries:
             if (e := q.exception()) is not None:
-                return f"query {q.name} failed: {_first_line(e)}"
+                return f"query {q.name} failed: {one_line_reason(e)}"
             if not q.isActive and not self._stopping.is_set():
                 return f"query {q.name} stopped"
         for t in self.tickers:
             if t.error is not None:
-                return f"{t.name} failed: {_first_line(t.error)}"
+                return f"{t.name} failed: {one_line_reason(t.error)}"
         return None
 
     def check(self) -> None:
