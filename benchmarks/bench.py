@@ -77,6 +77,9 @@ def _rates(opts: BenchOptions, profile: TrafficProfile) -> list[float]:
     return [round(base * f, 3) for f in factors]
 
 
+#: Marks ``<out>/work`` as the bench's own scratch folder: only such a folder is replaced.
+_WORK_MARKER = ".sts-bench-work"
+
 #: The P99 baseline is the lowest rate with at least this many answers (fewer is noise).
 KNEE_MIN_SAMPLES = 20
 
@@ -156,7 +159,12 @@ def run_bench(opts: BenchOptions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
     if work.exists():
-        shutil.rmtree(work)
+        if not (work / _WORK_MARKER).exists():
+            raise SystemExit(f"sts bench: {work} exists and was not made by sts bench; "
+                             "choose another --out")
+        shutil.rmtree(work)  # an earlier run's scratch folder (it holds our marker)
+    work.mkdir()
+    (work / _WORK_MARKER).write_text("scratch folder of sts bench\n", encoding="utf-8")
     schemes = ["engine"] if opts.knee else list(opts.schemes)
     rates = _rates(opts, profile)
     doc: dict = {"kind": "knee" if opts.knee else "bench", "options": asdict(opts),
