@@ -72,6 +72,9 @@ def prepare_default_model(cache_dir: Path | None = None, *, force: bool = False)
     if is_prepared(target) and not force:
         logger.info("Model already prepared at %s.", target)
         return target
+    if target.exists() and any(target.iterdir()) and not is_prepared(target):
+        raise ModelPreparationError(f"{target} holds files this command did not write; "
+                                    "move them away or choose another --cache-dir")
     gguf_path = find_packaged_gguf()
     logger.info("Converting %s to fp32 safetensors in %s.", gguf_path.name, target)
 
@@ -98,7 +101,7 @@ def prepare_default_model(cache_dir: Path | None = None, *, force: bool = False)
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ModelPreparationError(f"converting {gguf_path} failed: {e}") from e
-    shutil.rmtree(target, ignore_errors=True)
+    shutil.rmtree(target, ignore_errors=True)  # empty, or an earlier conversion (marker)
     tmp.rename(target)
     return target
 

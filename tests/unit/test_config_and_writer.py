@@ -163,3 +163,16 @@ def test_a_failed_write_keeps_its_seq(tmp_path: Path, monkeypatch: pytest.Monkey
     (only,) = tmp_path.iterdir()
     assert parse_result_file_name(only.name).seq == 0
     assert pq.read_table(only).column("request_id").to_pylist() == ["w0", "w1"]
+
+
+def test_model_prepare_never_replaces_a_folder_it_did_not_write(tmp_path: Path) -> None:
+    """``sts model prepare --cache-dir X --force`` refuses when the model folder holds
+    someone else's files, instead of deleting them (the check runs before any conversion)."""
+    from sidecar.exceptions import ModelPreparationError
+
+    target = default_model_dir(tmp_path)
+    target.mkdir(parents=True)
+    (target / "weights-of-my-own.bin").write_text("precious")
+    with pytest.raises(ModelPreparationError, match="did not write"):
+        prepare_default_model(tmp_path, force=True)
+    assert (target / "weights-of-my-own.bin").read_text() == "precious"
