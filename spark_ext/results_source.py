@@ -143,10 +143,12 @@ class ResultsStreamReader(DataSourceStreamReader):
     """Offsets: ``{"streams": {"<sidecar_id>@<incarnation>": <last seq read>}}``."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        # Spark hands data-source options over with lower-cased keys.
+        options = {k.lower(): v for k, v in options.items()}
         self.path = options["path"]
-        self.quarantine_dir = options.get("quarantineDir") or str(Path(self.path) / QUARANTINE_DIR)
-        self.retention_s = float(options.get("retentionSeconds", "3600"))
-        self.files_per_partition = int(options.get("filesPerPartition", "64"))
+        self.quarantine_dir = options.get("quarantinedir") or str(Path(self.path) / QUARANTINE_DIR)
+        self.retention_s = float(options.get("retentionseconds", "3600"))
+        self.files_per_partition = int(options.get("filesperpartition", "64"))
         self._checked: set[str] = set()
 
     def initialOffset(self) -> dict:
@@ -164,6 +166,8 @@ class ResultsStreamReader(DataSourceStreamReader):
         except FileNotFoundError:
             return False
         except Exception as e:  # a corrupt footer, a truncated file
+            if not os.path.exists(f.path):  # removed meanwhile: nothing to quarantine
+                return False
             problem = f"cannot read the Parquet footer: {type(e).__name__}: {e}"
         if problem is None:
             self._checked.add(f.path)

@@ -356,26 +356,34 @@ def test_bad_result_files_are_quarantined_and_answers_go_on(spark, tmp_path: Pat
 
 def test_landing_folder_stays_bounded(spark, tmp_path: Path) -> None:
     """A long run, scaled: results are kept 1 s after they are read (instead of an hour),
-    so the folder holds a few seconds' worth of files however long the pipeline runs."""
-    with _sim_sidecar(tmp_path, "busy") as sidecar:
-        cfg = _config(tmp_path, sidecar.target, str(tmp_path / "results"),
+    so the folder holds a few seconds' worth of files however many the sidecar writes."""
+    from sidecar.contract import parse_result_file_name
+
+    results = tmp_path / "results"
+    # one result per file: 60 files written in ~12 s
+    with _sim_sidecar(tmp_path, "busy", "--set", "results.max_rows_per_file=1") as sidecar:
+        cfg = _config(tmp_path, sidecar.target, str(results),
                       maintenance={"results_retention_s": 1.0})
         pipeline = StsPipeline(spark, cfg)
         pipeline.start()
         try:
-            sizes = []
-            for i in range(12):
-                _write_events(tmp_path, f"wave{i}", _events(f"wave{i}", 5))
-                time.sleep(1.0)
-                pipeline.check()
-                sizes.append(len(list((tmp_path / "results").glob("*.parquet"))))
-            answers = _run_until(pipeline, lambda a: len(a) == 60)
+            _write_events(tmp_path, "first", _events("first", 1))  # queries up and warm
+            _run_until(pipeline, lambda a: len(a) == 1)
+            sizes, written = [], set()
+            for i in range(60):  # one event every 0.2 s
+                _write_events(tmp_path, f"e{i}", _events(f"e{i}", 1))
+                time.sleep(0.2)
+                names = [p.name for p in results.glob("*.parquet")]
+                written.update(k.seq for n in names if (k := parse_result_file_name(n)))
+                sizes.append(len(names))
+            pipeline.check()
+            answers = _run_until(pipeline, lambda a: len(a) == 61)
         finally:
             pipeline.stop()
-    assert len(answers) == 60
-    assert pipeline.store.read("results").num_rows == 60  # the rows are kept in Delta
-    # ~5 result files a second, each deleted a second after it was read
-    assert max(sizes[4:]) <= 15, f"landing folder grew: {sizes}"
+    assert len(answers) == 61
+    assert pipeline.store.read("results").num_rows == 61  # the rows are kept in Delta
+    assert len(written) >= 30, f"too few result files seen to tell: {len(written)}"
+    assert max(sizes[20:]) <= 15, f"landing folder grew: {sizes}"
 
 
 def test_a_dead_query_stops_the_pipeline_with_one_line(spark, tmp_path: Path) -> None:

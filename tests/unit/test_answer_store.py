@@ -190,7 +190,7 @@ def test_reader_quarantines_bad_files_and_cleans_read_ones(tmp_path: Path) -> No
     (results / result_file_name(NOW, 1, "sc")).write_bytes(b"PAR1 garbage")
     _write(results, result_file_name(NOW, 2, "sc"),
            pa.table({"request_id": [1], "status": ["ok"]}))
-    reader = _reader(results, retentionSeconds="0")
+    reader = _reader(results, retentionseconds="0")  # Spark lower-cases option keys
     end = reader.latestOffset(reader.initialOffset(), None)
     assert end == {"streams": {f"sc@{NOW}": 0}}
     quarantined = sorted(p.name for p in (results / "quarantine").iterdir())
