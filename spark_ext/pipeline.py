@@ -42,7 +42,7 @@ from spark_ext.answers import answers_from_refusals, answers_from_results
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineFailedError
 from spark_ext.results_source import SOURCE_NAME, register_results_source
-from spark_ext.safety_net import SafetyNet, Ticker
+from spark_ext.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
 from spark_ext.submit import submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
@@ -152,7 +152,9 @@ class StsPipeline:
                                   fallback_text=answers.fallback_text),
             app_id=self._app_id("submit", "answers"), version=batch_id)
         accepted = table.filter(pc.fill_null(table.column("accepted"), False))
-        self.safety_net.watch(accepted.to_pylist())
+        keep = [c for c in (*KEPT_COLUMNS, *self.config.tagging.key_columns)
+                if c in accepted.column_names]
+        self.safety_net.watch(accepted.select(list(dict.fromkeys(keep))).to_pylist())
 
     def _write_results(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
