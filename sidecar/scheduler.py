@@ -464,6 +464,7 @@ class Scheduler:
             if pool.config.on_deadline == "finish_and_backfill" else self._deadline_abort, req)
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
+        area_at_start = self._batch_area()
         first_token_at = last_token_at = None
         area_at_first = 0.0
         preempted = False
@@ -528,6 +529,8 @@ class Scheduler:
                     req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
                     output_tokens=req.output_tokens if completed else 0,
                     max_tokens=req.max_tokens,
+                    ttft_batch=self._mean_batch(area_at_start, area_at_first,
+                                                first_token_at - started),
                     batch=self._mean_batch(area_at_first, area_at_last,
                                            last_token_at - first_token_at
                                            if last_token_at is not None else 0.0))

@@ -106,6 +106,12 @@ class SidecarEndpointConfig:
     results_dir: str = "./sts-demo/results"
     """The sidecar's result landing directory."""
 
+    check_at_start: bool = True
+    """Before the queries start, ask from Python tasks on the executors whether their
+    sidecar serves (logged; an unreachable one is a warning, its requests get the
+    fallback). It also starts the Python workers submission reuses, so the first
+    micro-batch does not pay for them."""
+
 
 @dataclass
 class AnswersConfig:

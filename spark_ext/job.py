@@ -28,9 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     from spark_ext.config import PipelineConfig
     from spark_ext.exceptions import PipelineFailedError
     from spark_ext.pipeline import StsPipeline
+    from spark_ext.session import quiet_py4j
 
     config = PipelineConfig.from_yaml(args.config)
     spark = SparkSession.builder.appName("sts-spark").getOrCreate()
+    quiet_py4j()
     pipeline = StsPipeline(spark, config)
     pipeline.start()
     try:

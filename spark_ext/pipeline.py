@@ -43,7 +43,7 @@ from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineFailedError
 from spark_ext.results_source import SOURCE_NAME, register_results_source
 from spark_ext.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
-from spark_ext.submit import submit_requests
+from spark_ext.submit import check_sidecars, submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
 
@@ -194,6 +194,8 @@ class StsPipeline:
         """
         self.store.load_ledger()
         self.safety_net.watch(self.store.unanswered_requests())
+        if self.config.sidecar.check_at_start:
+            self.check_sidecars()
         self.queries = [self._start(self.acks(events), "submit", self._write_submitted),
                         self._start(self.results(), "answers", self._write_results)]
         maintenance = self.config.maintenance
@@ -207,6 +209,20 @@ class StsPipeline:
         for t in self.tickers:
             t.start()
         return self.queries
+
+    def check_sidecars(self) -> list[dict]:
+        """Ask from the executors' Python tasks whether their sidecar serves; log the
+        answer (see :attr:`~spark_ext.config.SidecarEndpointConfig.check_at_start`)."""
+        started = time.monotonic()
+        rows = check_sidecars(self.spark, self.config.sidecar)
+        down = [r for r in rows if not r["serving"]]
+        for r in down:
+            logger.warning("Sidecar %s is not serving for task %d%s: its requests get the "
+                           "fallback until it is.", r["endpoint"], r["partition"],
+                           f" ({r['error']})" if r["error"] else "")
+        logger.info("Sidecar check from %d task(s): %d serving (%.1f s).", len(rows),
+                    len(rows) - len(down), time.monotonic() - started)
+        return rows
 
     def _watch_health(self) -> None:
         """Stop everything when one part died (a query with nobody reading answers

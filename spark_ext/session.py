@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -24,7 +25,16 @@ def local_session(app_name: str, *, cores: int = 2) -> SparkSession:
                .config("spark.ui.showConsoleProgress", "false")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
+    quiet_py4j()
     return session
+
+
+def quiet_py4j() -> None:
+    """Keep py4j's per-call INFO lines (one per JVM callback, several a second in a
+    streaming job) out of an INFO log, unless its level was set explicitly."""
+    py4j = logging.getLogger("py4j")
+    if py4j.level == logging.NOTSET:
+        py4j.setLevel(logging.WARNING)
 
 
 @contextlib.contextmanager

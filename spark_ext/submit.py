@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from spark_ext.config import SidecarEndpointConfig
@@ -149,3 +149,51 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     columns, extra = list(attribute_columns), dict(extra_attributes or {})
     return requests.mapInArrow(lambda it: submit_batches(it, config, columns, extra),
                                ack_schema(requests))
+
+
+#: Columns of :func:`check_sidecars`'s rows.
+SIDECAR_CHECK_SCHEMA = pa.schema([("partition", pa.int64()), ("endpoint", pa.string()),
+                                  ("serving", pa.bool_()), ("error", pa.string())])
+
+
+def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
+                     ) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body of :func:`check_sidecars`: import what submission
+    imports and ask this task's sidecar for its health."""
+    from pyspark import TaskContext
+
+    from sidecar.client import SidecarClient
+
+    for _ in batches:
+        pass
+    ctx = TaskContext.get()
+    endpoint = resolve_endpoint(config)
+    serving, error = False, None
+    try:
+        with SidecarClient(endpoint, timeout_s=config.timeout_s) as client:
+            serving = client.is_serving()
+    except Exception as e:  # reported as a row; the pipeline decides what to do
+        error = f"{type(e).__name__}: {e}".splitlines()[0]
+    yield pa.RecordBatch.from_pydict(
+        {"partition": [ctx.partitionId() if ctx is not None else -1], "endpoint": [endpoint],
+         "serving": [serving], "error": [error]}, schema=SIDECAR_CHECK_SCHEMA)
+
+
+def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
+                   tasks: int | None = None) -> list[dict]:
+    """Ask, from ``tasks`` Python tasks on the executors (default: the default
+    parallelism), whether each task's sidecar is serving.
+
+    It is the pipeline's start-up check (an executor that cannot reach its sidecar
+    is reported before events flow), and it warms the Python workers that
+    submission reuses (``spark.python.worker.reuse``), so the first micro-batch
+    does not pay for starting them.
+
+    Returns:
+        One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``.
+    """
+    n = tasks or spark.sparkContext.defaultParallelism
+    df = spark.range(n, numPartitions=n)
+    return (df.mapInArrow(lambda it: _check_partition(it, config),
+                          spark_schema(SIDECAR_CHECK_SCHEMA))
+            .toArrow().to_pylist())
