@@ -219,5 +219,28 @@ class PipelineConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "PipelineConfig":
-        """Read a YAML file such as ``conf/pipeline.yaml``."""
-        return cls.from_dict(read_yaml(path))
+        """Read a YAML file such as ``conf/pipeline.yaml``. Relative local paths in it
+        are relative to the file's folder (not to where the job was started)."""
+        return cls.from_dict(read_yaml(path)).resolve_paths(Path(path).resolve().parent)
+
+    def resolve_paths(self, base: str | os.PathLike[str]) -> "PipelineConfig":
+        """Make the relative local paths (events, results, tables, checkpoints) relative
+        to ``base``; URIs (``s3://``, ``dbfs:/``, ``file:/``) and absolute paths are kept.
+
+        Example:
+            >>> c = PipelineConfig.from_dict({"output": {"out_dir": "out",
+            ...                                          "checkpoint_dir": "s3://b/ckpt"}})
+            >>> c = c.resolve_paths("/jobs/sts")
+            >>> c.output.out_dir, c.output.checkpoint_dir
+            ('/jobs/sts/out', 's3://b/ckpt')
+        """
+        def resolve(value: str) -> str:
+            if ":/" in value or Path(value).is_absolute():
+                return value
+            return os.path.normpath(Path(base) / value)
+
+        self.source.path = resolve(self.source.path)
+        self.sidecar.results_dir = resolve(self.sidecar.results_dir)
+        self.output.out_dir = resolve(self.output.out_dir)
+        self.output.checkpoint_dir = resolve(self.output.checkpoint_dir)
+        return self

@@ -80,15 +80,20 @@ def load_samples() -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def sample_replayer(folder: Path, rate: float, duration: float, samples: list[dict]
-                    ) -> EventReplayer:
-    """Replay ``samples`` (cycled) into ``folder`` at ``rate`` events/s for ``duration`` s."""
+def sample_replayer(folder: Path, rate: float, duration: float, samples: list[dict], *,
+                    unique_ids: bool = False) -> EventReplayer:
+    """Replay ``samples`` (cycled) into ``folder`` at ``rate`` events/s for ``duration`` s.
+
+    Event ids are ``<ticket>-<n>``; with ``unique_ids`` the run's start (epoch ms) is part
+    of them too, so a second run is new events, not replays of the first (request ids
+    are derived from the event id)."""
     n = max(1, int(rate * duration))
     arrivals = [i / rate for i in range(n)]
 
     def make_events(start_ms: int) -> list[dict]:
         cycle = itertools.cycle(samples)
-        return [{"event_id": f"{s['ticket_id']}-{i:06d}", "text": s["text"],
+        run = f"{start_ms}-" if unique_ids else ""
+        return [{"event_id": f"{s['ticket_id']}-{run}{i:06d}", "text": s["text"],
                  "priority": s["priority"], "event_ts": start_ms + round(at * 1000)}
                 for i, (at, s) in enumerate(zip(arrivals, cycle))]
 
