@@ -9,13 +9,15 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from sidecar.exceptions import EngineDeadError
+
 logger = logging.getLogger(__name__)
 
 
 class ExceptionInterceptor(grpc.aio.ServerInterceptor):
     """Answer a message that does not parse with ``INVALID_ARGUMENT``, and log an
     exception escaping a handler and answer ``INTERNAL`` (``INVALID_ARGUMENT`` for
-    ``ValueError``), instead of gRPC's bare ``UNKNOWN``."""
+    ``ValueError``, ``UNAVAILABLE`` for a dead engine), instead of gRPC's bare ``UNKNOWN``."""
 
     async def intercept_service(
         self,
@@ -37,6 +39,8 @@ class ExceptionInterceptor(grpc.aio.ServerInterceptor):
                                     f"request does not parse as the method's message: {e}")
             try:
                 return await inner(request, context)
+            except EngineDeadError as e:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine unavailable: {e}")
             except ValueError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             except Exception as e:

@@ -21,7 +21,7 @@ Names follow Prometheus conventions: ``sts_sidecar_`` prefix, base units
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -187,6 +187,13 @@ class SidecarMetrics:
                 tpot = self._tpot_children[priority] = self.tpot.labels(priority)
             tpot.observe(record.tpot_ms / 1000.0)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Expose ``/metrics`` on ``addr:port`` from a daemon thread."""
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+        """Expose ``/metrics`` on ``addr:port`` from a daemon thread; returns a
+        function that stops it."""
+        httpd, _ = start_http_server(port, addr=addr, registry=self.registry)
+
+        def stop() -> None:
+            httpd.shutdown()
+            httpd.server_close()
+
+        return stop

@@ -8,6 +8,7 @@ import grpc
 
 from sidecar.admission import Ack
 from sidecar.contract import FinishReason, Priority, RefusalReason, Status
+from sidecar.exceptions import EngineDeadError
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 from sidecar.request_state import ResultRecord, SidecarRequest
@@ -150,6 +151,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def Generate(self, request: pb.InferenceRequest,
                        context: grpc.aio.ServicerContext) -> pb.Result:
         outcome = await self.scheduler.generate(request_from_proto(request))
+        if self.scheduler.engine_error is not None:  # its row says error / engine_unavailable
+            raise EngineDeadError(self.scheduler.engine_error)
         if isinstance(outcome, Ack):
             return _ack_as_result(outcome, request, self.scheduler.sidecar_id)
         return result_to_proto(outcome)
