@@ -152,7 +152,8 @@ def run_bench(opts: BenchOptions) -> dict:
     """Run the benchmark; return (and write) the result document."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from benchmarks.plots import plot_bench
-    from sts_harness.process import SidecarProcess
+    from sidecar.contract import ClientSecurity
+    from sts_harness.process import SidecarProcess, write_token_file
 
     profile = load_profile(opts.profile)
     out = Path(opts.out).resolve()
@@ -178,9 +179,12 @@ def run_bench(opts: BenchOptions) -> dict:
     print(f"sts bench: profile {profile.name}, engine {opts.engine}, rates {rates}, "
           f"schemes {schemes}, {opts.duration_s:.0f} s each", flush=True)
     with contextlib.ExitStack() as stack:
+        token_file = write_token_file(work / "sidecar-token")  # as a deployment would run
         sidecar = stack.enter_context(SidecarProcess(
-            work / "results", _sidecar_args(opts), log_path=out / "sidecar.log",
-            stop_timeout_s=30))
+            work / "results",
+            [*_sidecar_args(opts), "--set", f"server.token_file={json.dumps(str(token_file))}"],
+            log_path=out / "sidecar.log", stop_timeout_s=30,
+            security=ClientSecurity(token_file=str(token_file))))
         assert sidecar.client is not None
         if any(s != "engine" for s in schemes):
             from spark_ext.session import session_scope

@@ -131,6 +131,7 @@ class SidecarClient:
                  security: ClientSecurity | None = None) -> None:
         self.target = target
         self.timeout_s = timeout_s
+        self.security = security
         self._metadata = auth_metadata(security)
         self._channel = open_channel(
             target, security, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])

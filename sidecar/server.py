@@ -209,4 +209,5 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(server_cfg.engine_death_grace_s):
                     await stop.wait()
-            raise EngineDeadError(scheduler.engine_error)
+            raise EngineDeadError(f"the engine died: {scheduler.engine_error} "
+                                  f"(sidecar {sidecar_id})")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from sidecar.contract import PRIORITY_NAMES, build_sections, read_yaml
+from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
@@ -105,6 +105,41 @@ class SidecarEndpointConfig:
 
     results_dir: str = "./sts-demo/results"
     """The sidecar's result landing directory."""
+
+    tls_ca_file: str | None = None
+    """PEM CA of the sidecar's certificate: set it when the sidecar speaks TLS. The
+    files must exist at the same path on every executor."""
+
+    tls_cert_file: str | None = None
+    """PEM client certificate, when the sidecar requires mutual TLS."""
+
+    tls_key_file: str | None = None
+    """PEM private key of ``tls_cert_file``."""
+
+    tls_server_name: str | None = None
+    """Name the sidecar's certificate is for, when it differs from the endpoint's host."""
+
+    token_file: str | None = None
+    """File holding the sidecar's bearer token (on every executor)."""
+
+    token_env: str | None = None
+    """Environment variable holding the bearer token (set it on executors, e.g.
+    ``spark.executorEnv.STS_SIDECAR_TOKEN``); used when ``token_file`` is unset."""
+
+    def security(self) -> ClientSecurity:
+        """The credentials the submit step presents to the sidecar.
+
+        Example:
+            >>> SidecarEndpointConfig(token_env="STS_SIDECAR_TOKEN").security().enabled
+            True
+        """
+        try:
+            return ClientSecurity(tls_ca_file=self.tls_ca_file, tls_cert_file=self.tls_cert_file,
+                                  tls_key_file=self.tls_key_file,
+                                  tls_server_name=self.tls_server_name,
+                                  token_file=self.token_file, token_env=self.token_env)
+        except ValueError as e:
+            raise PipelineConfigError(f"sidecar: {e}") from None
 
 
 @dataclass

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar.client import SidecarClient
+from sidecar.contract import ClientSecurity
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,6 +21,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def write_token_file(path: Path) -> Path:
+    """A fresh random bearer token in ``path``, readable by its owner only.
+
+    Example:
+        >>> import tempfile
+        >>> token = write_token_file(Path(tempfile.mkdtemp()) / "token")
+        >>> oct(token.stat().st_mode & 0o777), len(token.read_text().strip()) >= 32
+        ('0o600', True)
+    """
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    os.chmod(path, 0o600)
+    return path
 
 
 class SidecarProcess:
@@ -39,7 +59,8 @@ class SidecarProcess:
 
     def __init__(self, results_dir: Path, args: Sequence[str] = (), *,
                  start_timeout_s: float = 240.0, stop_timeout_s: float = 8.0,
-                 log_path: Path | None = None, cpus: set[int] | None = None) -> None:
+                 log_path: Path | None = None, cpus: set[int] | None = None,
+                 security: ClientSecurity | None = None) -> None:
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.results_dir = Path(results_dir)
@@ -48,6 +69,8 @@ class SidecarProcess:
         self.stop_timeout_s = stop_timeout_s
         self.log_path = log_path or self.results_dir.with_suffix(".log")
         self.cpus = cpus
+        self.security = security
+        """Credentials the client presents (the sidecar's own come from ``args``)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: SidecarClient | None = None
 
@@ -61,7 +84,7 @@ class SidecarProcess:
         preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, preexec_fn=preexec)
-        self.client = SidecarClient(self.target, timeout_s=30.0)
+        self.client = SidecarClient(self.target, timeout_s=30.0, security=self.security)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

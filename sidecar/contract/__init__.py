@@ -13,7 +13,13 @@ from sidecar.contract.clock import now_ms
 from sidecar.contract.config_files import as_dataclass, build_sections, read_yaml
 
 # From sidecar.contract.credentials
-from sidecar.contract.credentials import TOKEN_METADATA_KEY, ClientSecurity, read_pem, read_token
+from sidecar.contract.credentials import (
+    TOKEN_METADATA_KEY,
+    ClientSecurity,
+    read_pem,
+    read_token,
+    security_fields,
+)
 
 # From sidecar.contract.files
 from sidecar.contract.files import (
@@ -72,6 +78,7 @@ __all__ = [
     "read_token",
     "read_yaml",
     "result_file_name",
+    "security_fields",
     "write_atomically",
     "write_parquet_atomically",
     "write_text_atomically",

@@ -7,6 +7,7 @@ sidecar, its client, the Spark side and the benchmarks.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,3 +115,18 @@ class ClientSecurity:
     def token(self) -> str | None:
         """The bearer token (see :func:`read_token`)."""
         return read_token(self.token_file, self.token_env)
+
+
+def security_fields(security: ClientSecurity | None) -> dict[str, str]:
+    """The set fields of ``security`` by name: a pipeline config's ``sidecar`` section
+    takes them as they are.
+
+    Example:
+        >>> security_fields(ClientSecurity(token_file="/run/secrets/sts-token"))
+        {'token_file': '/run/secrets/sts-token'}
+        >>> security_fields(None)
+        {}
+    """
+    if security is None:
+        return {}
+    return {k: v for k, v in dataclasses.asdict(security).items() if v is not None}
