@@ -134,7 +134,8 @@ class SidecarClient:
         self.security = security
         self._metadata = auth_metadata(security)
         self._channel = open_channel(
-            target, security, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
+            target, security, options=[("grpc.max_send_message_length", 64 * 1024 * 1024),
+                                       ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
         self._stub = pb_grpc.InferenceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

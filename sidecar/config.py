@@ -294,6 +294,16 @@ class ServerConfig:
     max_message_mb: int = 64
     """Largest gRPC message (a submitted batch), in MiB."""
 
+    max_inflight_rpc_mb: int = 256
+    """Most request bytes being parsed and handled at once, all calls together, in MiB;
+    a call that would pass it is answered ``RESOURCE_EXHAUSTED`` at once (parsed
+    requests take several times their wire size)."""
+
+    submit_yield_ms: float = 5.0
+    """Longest one ``SubmitBatch`` admits requests before it yields the event loop: a
+    100,000-request batch is admitted in steps, and health checks and other RPCs
+    answer in between."""
+
     shutdown_grace_s: float = 5.0
     """Grace period for open RPCs when the server stops."""
 
@@ -358,6 +368,13 @@ class ServerConfig:
         if self.socket_mode & 0o007 and not self.allow_insecure_remote:
             raise ValueError(f"server.socket_mode={oct(self.socket_mode)} lets every local "
                              "user connect; use 0o660 or stricter (or allow_insecure_remote)")
+        if not 0 < self.submit_yield_ms <= 1000:
+            raise ValueError(f"server.submit_yield_ms={self.submit_yield_ms!r} must be in "
+                             "(0, 1000]")
+        for name in ("max_message_mb", "max_inflight_rpc_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"server.{name}={value!r} must be a positive integer")
         if self.engine_death_grace_s < 0:
             raise ValueError(f"{self.engine_death_grace_s=} must be >= 0")
 

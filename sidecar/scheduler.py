@@ -120,7 +120,7 @@ class Scheduler:
         self._expiring: set[str] = set()
         """Running requests cancelled at their deadline (``abort`` pools) whose task has
         not ended yet."""
-        self._seen = DedupeWindow(config.dedupe_window)
+        self._seen = DedupeWindow(config.dedupe_window, self._fallback_text)
         self._preemptions: dict[str, int] = {}
         """Times each request still alive was preempted."""
         self._preempting: set[str] = set()
@@ -264,7 +264,8 @@ class Scheduler:
     def _refuse(self, req: SidecarRequest, refusal: Refusal) -> Ack:
         self._shed(req, refusal)
         return self._seen.remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
-                                  received_ts=req.received_ts, fallback_text=req.fallback_text))
+                                       received_ts=req.received_ts,
+                                       fallback_text=req.fallback_text), req.priority)
 
     def _enqueue(self, req: SidecarRequest) -> Ack:
         assert req.priority is not None
@@ -281,7 +282,8 @@ class Scheduler:
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts))
+        ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts),
+                                  req.priority)
         self._wait_estimates[req.request_id] = (self.load.last_wait_s, time.monotonic())
         self._shed_over_watermarks()
         return ack

@@ -166,7 +166,8 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
                         server_cfg.metrics_port)
 
         max_bytes = server_cfg.max_message_mb * 1024 * 1024
-        interceptors: list[grpc.aio.ServerInterceptor] = [ExceptionInterceptor()]
+        interceptors: list[grpc.aio.ServerInterceptor] = [ExceptionInterceptor(
+            max_inflight_bytes=server_cfg.max_inflight_rpc_mb * 1024 * 1024)]
         if token is not None:
             interceptors.insert(0, TokenInterceptor(token))
         server = grpc.aio.server(
@@ -175,7 +176,8 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
                      ("grpc.max_send_message_length", max_bytes)],
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(scheduler, engine_kind=engine.kind, started_at=started_at), server)
+            InferenceServicer(scheduler, engine_kind=engine.kind, started_at=started_at,
+                              submit_yield_ms=server_cfg.submit_yield_ms), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         _bind(server, config, credentials)
