@@ -379,6 +379,57 @@ class ServerConfig:
             raise ValueError(f"{self.engine_death_grace_s=} must be >= 0")
 
 
+def _default_warmup_prompts() -> list[str]:
+    return ["Hello!", "Reply in one short sentence: my order has not arrived yet."]
+
+
+@dataclass
+class WarmupConfig:
+    """Warm-up generations run after the engine loaded and before health says ``SERVING``."""
+
+    enabled: bool = True
+    """Run the warm-up at all."""
+
+    prompts: list[str] = field(default_factory=_default_warmup_prompts)
+    """Short user messages (each goes through the chat template, like real prompts)."""
+
+    stable_prefixes: list[str] = field(default_factory=list)
+    """The stable prompt prefixes real requests will start with (e.g. the pipeline's
+    ``template.stable``); each is sent followed by every prompt, to fill the prefix cache."""
+
+    max_tokens: int = 8
+    """Output tokens of each warm-up generation."""
+
+    rounds: int = 2
+    """Times each prompt is sent (one round after the other)."""
+
+    timeout_s: float = 300.0
+    """Longest the warm-up may take; past it, start-up fails."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "rounds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"warmup.{name}={value!r} must be a positive integer")
+        for name in ("prompts", "stable_prefixes"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+                raise ValueError(f"warmup.{name} must be a list of strings, got {value!r}")
+        if not 0 < self.timeout_s <= 3600:
+            raise ValueError(f"warmup.timeout_s={self.timeout_s!r} must be in (0, 3600]")
+
+    def texts(self) -> list[str]:
+        """The prompt texts of one round.
+
+        Example:
+            >>> WarmupConfig(prompts=["Hi"], stable_prefixes=["You are helpful."]).texts()
+            ['Hi', 'You are helpful.\\nHi']
+        """
+        prompts = self.prompts or ["Hello!"]
+        return [*prompts, *(f"{prefix}\n{p}" for prefix in self.stable_prefixes
+                            for p in prompts)]
+
+
 @dataclass
 class SidecarConfig:
     """Everything the ``sts sidecar`` process needs."""
@@ -387,6 +438,7 @@ class SidecarConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     results: ResultChannelConfig = field(default_factory=ResultChannelConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SidecarConfig":
@@ -441,6 +493,7 @@ _SECTION_TYPES: dict[str, type] = {
     "engine": EngineConfig,
     "scheduler": SchedulerConfig,
     "results": ResultChannelConfig,
+    "warmup": WarmupConfig,
 }
 
 

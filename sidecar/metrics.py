@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -158,6 +158,14 @@ class SidecarMetrics:
             f"{_PREFIX}_request_latency_seconds",
             "Receive to terminal result, every status.", ["priority", "status"],
             buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.warmup_seconds = Gauge(
+            f"{_PREFIX}_warmup_seconds",
+            "Duration of the warm-up generations run before SERVING (0: no warm-up).",
+            registry=self.registry)
+        self.engine_up = Gauge(
+            f"{_PREFIX}_engine_up", "1 while the engine serves, 0 once it died.",
+            registry=self.registry)
+        self.engine_up.set_function(lambda: 0.0 if scheduler.engine_error else 1.0)
         self.registry.register(_LiveCollector(scheduler, loop))
         self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
         """Labelled results counter and latency histogram per (priority, status, reason):

@@ -48,6 +48,7 @@ from sidecar.security import (
     unix_socket_path,
 )
 from sidecar.servicer import InferenceServicer
+from sidecar.warmup import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
         stack.push_async_callback(engine.shutdown)  # also undoes a half-finished start
         logger.info("Starting %s engine.", engine.kind)
         await engine.start()
+        warmup_s = await warm_up(engine, config.warmup)
 
         writer = ParquetResultWriter(config.results, sidecar_id)
         stack.callback(lambda: logger.info("Sidecar stopped; %d results in %d files.",
@@ -155,6 +157,7 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
         scheduler.start()
         stack.push_async_callback(scheduler.abort_all)
         metrics = SidecarMetrics(scheduler, loop)
+        metrics.warmup_seconds.set(warmup_s)
         if server_cfg.metrics_port is not None:
             try:
                 stack.callback(metrics.serve(server_cfg.metrics_port, server_cfg.metrics_addr))
@@ -196,9 +199,9 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
         stack.push_async_callback(drain)
         for name in _HEALTH_NAMES:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        logger.info("Sidecar %s serving %s (%s engine, model %s) on %s (%s%s); results in %s.",
-                    sidecar_id, SERVICE_NAME, engine.kind, engine.model_name,
-                    server_cfg.listen, "TLS" if credentials else "plaintext",
+        logger.info("Sidecar %s serving %s (%s engine, model %s, warm-up %.2f s) on %s (%s%s); "
+                    "results in %s.", sidecar_id, SERVICE_NAME, engine.kind, engine.model_name,
+                    warmup_s, server_cfg.listen, "TLS" if credentials else "plaintext",
                     ", token required" if token else "", config.results.results_dir)
         print(f"sts sidecar ready on {server_cfg.listen}", flush=True)
 
