@@ -50,7 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_sidecar)
 
     stats = sub.add_parser("sidecar-stats", help="print a sidecar's live figures")
-    stats.add_argument("--target", default="127.0.0.1:50051", help="sidecar address")
+    stats.add_argument("--target", default=None,
+                       help="sidecar address (default: server.listen of --config, else "
+                            "127.0.0.1:50051)")
+    stats.add_argument("--config", type=Path, default=None,
+                       help="the sidecar's YAML config: its address and token source "
+                            "(server.listen, server.token_file/token_env)")
     stats.add_argument("--json", action="store_true", help="print the raw GetStats answer")
     _add_client_security_flags(stats)
     stats.set_defaults(func=_run_sidecar_stats)
@@ -75,7 +80,8 @@ def client_security(args: argparse.Namespace) -> "ClientSecurity":
     from sidecar.contract import ClientSecurity
     from sidecar.exceptions import ConfigError
 
-    token_env = args.token_env if args.token_env and os.environ.get(args.token_env) else None
+    token_env = args.token_env if args.token_env and (
+        os.environ.get(args.token_env) or args.token_env != "STS_SIDECAR_TOKEN") else None
     try:
         return ClientSecurity(tls_ca_file=args.tls_ca_file, tls_cert_file=args.tls_cert_file,
                               tls_key_file=args.tls_key_file,
@@ -150,16 +156,23 @@ def _run_sidecar(args: argparse.Namespace) -> int:
 
 
 def _run_sidecar_stats(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
-    from sidecar.client import SidecarClient
-    from sidecar.stats_report import format_stats
+    import os
 
     import grpc
+    from google.protobuf.json_format import MessageToDict
 
-    from sidecar.client import describe_rpc_error
+    from sidecar.client import SidecarClient, describe_rpc_error
     from sidecar.exceptions import SidecarUnreachableError
+    from sidecar.stats_report import format_stats
 
+    if args.config is not None:
+        from sidecar.config import SidecarConfig
+
+        server = SidecarConfig.from_yaml(args.config).server
+        args.target = args.target or server.listen
+        if not args.token_file and not (args.token_env and os.environ.get(args.token_env)):
+            args.token_file, args.token_env = server.token_file, server.token_env
+    args.target = args.target or "127.0.0.1:50051"
     with SidecarClient(args.target, security=_client_security_or_exit(args)) as client:
         try:
             stats = client.stats()

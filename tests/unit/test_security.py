@@ -251,3 +251,26 @@ def test_spark_submit_and_sidecar_stats_pass_the_credentials_from_config(
     assert '"engine": "simulated"' in captured.out
     assert captured.err.strip().splitlines()[-1] == (
         f"sts: the sidecar refused the credentials: wrong bearer token ({target})")
+
+
+def test_sidecar_stats_takes_address_and_token_from_the_sidecar_config(
+        tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from sidecar.cli import main
+
+    target = f"127.0.0.1:{free_port()}"
+    config = _config(tmp_path, target, token_file=str(token_file))
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(yaml.safe_dump({"server": {"listen": target,
+                                               "token_file": str(token_file)}}))
+    seen: dict[str, object] = {}
+
+    async def body() -> None:
+        await _wait_serving(target)
+        seen["rc"] = await asyncio.to_thread(main, ["sidecar-stats", "--config", str(path),
+                                                    "--json"])
+
+    _with_sidecar(config, body)
+    assert seen["rc"] == 0
+    assert '"engine": "simulated"' in capsys.readouterr().out
