@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import socket
 import stat
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -147,9 +148,22 @@ def prepare_socket_dir(path: Path) -> None:
     if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
         raise ConfigError(f"the socket directory is writable by every user ({parent})")
     if path.is_socket():
+        if _socket_answers(path):
+            raise ConfigError(f"another process is serving this socket ({path})")
         path.unlink()  # a previous run's socket; nothing else is removed
     elif path.exists():
         raise ConfigError(f"the socket path exists and is not a socket ({path})")
+
+
+def _socket_answers(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 @contextmanager

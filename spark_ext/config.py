@@ -126,6 +126,9 @@ class SidecarEndpointConfig:
     """Environment variable holding the bearer token (set it on executors, e.g.
     ``spark.executorEnv.STS_SIDECAR_TOKEN``); used when ``token_file`` is unset."""
 
+    def __post_init__(self) -> None:
+        self.security()  # the credential fields go together (checked, not read, here)
+
     def security(self) -> ClientSecurity:
         """The credentials the submit step presents to the sidecar.
 
@@ -248,5 +251,22 @@ class PipelineConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "PipelineConfig":
-        """Read a YAML file such as ``conf/pipeline.yaml``."""
-        return cls.from_dict(read_yaml(path))
+        """Read a YAML file such as ``conf/pipeline.yaml``.
+
+        Raises:
+            PipelineConfigError: one line, ``<what> (<path>)`` (missing file, malformed
+                YAML, unknown section or key, bad value).
+
+        Example:
+            >>> PipelineConfig.from_yaml("/no/such/pipeline.yaml")
+            Traceback (most recent call last):
+            ...
+            spark_ext.exceptions.PipelineConfigError: config file not found (/no/such/pipeline.yaml)
+        """
+        try:
+            return cls.from_dict(read_yaml(path))
+        except (ValueError, TypeError) as e:
+            text = " ".join(str(e).split())
+            if not (text.endswith(")") and str(path) in text):
+                text = f"{text} ({path})"
+            raise PipelineConfigError(text) from None

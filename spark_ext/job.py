@@ -26,10 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from spark_ext.config import PipelineConfig
-    from spark_ext.exceptions import PipelineFailedError
+    from spark_ext.exceptions import PipelineConfigError, PipelineFailedError
     from spark_ext.pipeline import StsPipeline
 
-    config = PipelineConfig.from_yaml(args.config)
+    try:
+        config = PipelineConfig.from_yaml(args.config)
+    except PipelineConfigError as e:
+        print(f"sts: {e}", file=sys.stderr)
+        return 2
     spark = SparkSession.builder.appName("sts-spark").getOrCreate()
     pipeline = StsPipeline(spark, config)
     pipeline.start()

@@ -169,3 +169,24 @@ def test_sidecar_stats_credential_mistakes(flags: list[str], pattern: str,
     rc, err = _run(capsys, ["sidecar-stats", "--target", "127.0.0.1:1", *flags])
     assert rc == 2
     assert re.search(pattern, _one_line(err)), err
+
+
+@pytest.mark.parametrize("text, pattern", [
+    (None, r"^sts: config file not found \(.*nope\.yaml\)$"),
+    ("sidecar: {endpoint: [\n", r"^sts: config file is not valid YAML: .*line \d+\)$"),
+    ("sidecar: {endpont: x}\n", r"^sts: unknown keys in pipeline config section 'sidecar'"),
+    ("answers: {grace_ms: -1}\n", r"^sts: self.grace_ms=-1 must be >= 0 \(.*\.yaml\)$"),
+    ("sidecar: {tls_cert_file: c.pem}\n",
+     r"^sts: sidecar: tls_cert_file and tls_key_file go together"),
+])
+def test_pipeline_job_config_mistakes(text: str | None, pattern: str, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from spark_ext.job import main as job_main
+
+    path = tmp_path / "nope.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert job_main(["--config", str(path)]) == 2
+    assert re.search(pattern, _one_line(capsys.readouterr().err))

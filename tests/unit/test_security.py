@@ -274,3 +274,18 @@ def test_sidecar_stats_takes_address_and_token_from_the_sidecar_config(
     _with_sidecar(config, body)
     assert seen["rc"] == 0
     assert '"engine": "simulated"' in capsys.readouterr().out
+
+
+def test_a_socket_another_process_serves_is_not_taken_over(tmp_path: Path) -> None:
+    import socket
+
+    sock = tmp_path / "run" / "busy.sock"
+    sock.parent.mkdir(mode=0o750)
+    with socket.socket(socket.AF_UNIX) as other:
+        other.bind(str(sock))
+        other.listen()
+        with pytest.raises(ConfigError, match="another process is serving this socket"):
+            asyncio.run(serve(_config(tmp_path, f"unix://{sock}")))
+    assert sock.exists()  # left alone; a stale one (nobody listening) is replaced
+    _with_sidecar(_config(tmp_path, f"unix://{sock}"),
+                  lambda: _wait_serving(f"unix://{sock}"))
