@@ -25,6 +25,7 @@ from benchmarks.cli_args import SCHEMES
 from benchmarks.generate import generate
 from benchmarks.profiles import TrafficProfile, load_profile
 from benchmarks.schemes import RunContext, run_scheme
+from sidecar import ConfigError
 from sidecar.contract import write_text_atomically
 from sts_harness.hops import format_hops
 
@@ -161,8 +162,8 @@ def run_bench(opts: BenchOptions) -> dict:
     work = out / "work"
     if work.exists():
         if not (work / _WORK_MARKER).exists():
-            raise SystemExit(f"sts bench: {work} exists and was not made by sts bench; "
-                             "choose another --out")
+            raise ConfigError(f"{work} exists and was not made by sts bench; "
+                              "choose another folder (--out)")
         shutil.rmtree(work)  # an earlier run's scratch folder (it holds our marker)
     work.mkdir()
     (work / _WORK_MARKER).write_text("scratch folder of sts bench\n", encoding="utf-8")
@@ -226,6 +227,6 @@ def run_bench_command(args: argparse.Namespace) -> int:
         sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed)
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
-        raise SystemExit(f"sts bench: unknown schemes {sorted(unknown)}; choose from {SCHEMES}")
+        raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")
     run_bench(opts)
     return 0

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sidecar import SidecarError
 from sidecar.client import SidecarClient
 from sidecar.contract import ClientSecurity
 
@@ -21,6 +22,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(empty log)"
+
+
+class SidecarStartError(SidecarError, RuntimeError):
+    """The sidecar child process exited or did not serve in time. The message is one line
+    (``Server exited unexpectedly: <its last log line> (<log file>)``); ``log_tail`` holds
+    the end of its log."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
 
 
 def write_token_file(path: Path) -> Path:
@@ -89,14 +105,18 @@ class SidecarProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.__exit__(None, None, None)
-                raise RuntimeError(f"Server exited unexpectedly. Log: {self.tail_log()}")
+                tail = self.tail_log()
+                raise SidecarStartError(f"Server exited unexpectedly: {_last_line(tail)} "
+                                        f"({self.log_path})", tail)
             if self.client.is_serving():
                 return self
             time.sleep(0.5)
         self.__exit__(None, None, None)
-        raise TimeoutError(f"sidecar not serving after {self.start_timeout_s}s: {self.tail_log()}")
+        raise SidecarStartError(f"sidecar not serving after {self.start_timeout_s:g} s "
+                                f"({self.log_path})", self.tail_log())
 
     def tail_log(self, n: int = 4000) -> str:
+        """The last ``n`` bytes of the sidecar's log."""
         try:
             return self.log_path.read_bytes()[-n:].decode(errors="replace")
         except OSError:

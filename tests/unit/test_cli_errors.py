@@ -190,3 +190,31 @@ def test_pipeline_job_config_mistakes(text: str | None, pattern: str, tmp_path: 
         path.write_text(text)
     assert job_main(["--config", str(path)]) == 2
     assert re.search(pattern, _one_line(capsys.readouterr().err))
+
+
+@pytest.mark.parametrize("argv, pattern", [
+    (["bench", "--profile", "no-such", "--duration", "1"],
+     r"^sts: no traffic profile 'no-such' .* \(sts bench\)$"),
+    (["plan", "--profile", "no-such"], r"^sts: no traffic profile 'no-such' .* \(sts plan\)$"),
+    (["demo", "--rate", "fast"], r"^sts: argument --rate: invalid float value: 'fast' "
+                                 r"\(sts demo\)$"),
+])
+def test_harness_and_benchmark_command_mistakes(argv: list[str], pattern: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    rc, err = _run(capsys, argv)
+    assert rc == 2
+    assert re.search(pattern, _one_line(err)), err
+
+
+def test_a_sidecar_that_does_not_start_is_one_line(tmp_path: Path) -> None:
+    from sts_harness.process import SidecarProcess, SidecarStartError
+
+    with pytest.raises(SidecarStartError) as err:
+        with SidecarProcess(tmp_path / "results", ["--config", str(tmp_path / "nope.yaml")]):
+            pass
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("Server exited unexpectedly: sts: config file not found (")
+    assert message.endswith(f"({tmp_path / 'results.log'})")
