@@ -23,7 +23,7 @@ def test_engine_death_is_not_serving_then_a_nonzero_exit(tmp_path: Path) -> None
     results = tmp_path / "results"
     cmd = [sys.executable, "-m", "sidecar.cli", "sidecar", "--engine", "simulated",
            "--listen", target, "--results-dir", str(results),
-           "--set", "engine.simulated.fail_after_s=3",
+           "--set", "engine.simulated.fail_after_s=5", "--set", "warmup.enabled=false",
            "--set", "server.engine_death_grace_s=3",
            "--set", "scheduler.engine_check_interval_s=0.1"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -33,6 +33,7 @@ def _config(tmp_path: Path, port: int, **simulated: object) -> SidecarConfig:
         "scheduler": {"max_in_flight": 8, "engine_check_interval_s": 0.05,
                       "deadline_admission": False},
         "results": {"results_dir": str(tmp_path / "results")},
+        "warmup": {"enabled": False},  # the engine's clock (fail_after_s) starts at its start
     })
 
 
@@ -56,7 +57,7 @@ async def _wait_health(channel: grpc.aio.Channel, status: int, timeout_s: float 
 def test_engine_death_turns_not_serving_refuses_with_rows_and_fails_in_flight_once(
         tmp_path: Path) -> None:
     port = free_port()
-    config = _config(tmp_path, port, fail_after_s=1.0)
+    config = _config(tmp_path, port, fail_after_s=2.0)
     outcome: dict[str, object] = {}
 
     async def main() -> None:
