@@ -14,8 +14,8 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable
-from typing import NoReturn
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 logger = logging.getLogger(__name__)
 

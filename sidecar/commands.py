@@ -118,9 +118,8 @@ def _run_sidecar(args: argparse.Namespace) -> int:
     import asyncio
 
     from sidecar.config import SidecarConfig
-    from sidecar.server import serve
-
     from sidecar.exceptions import ConfigError
+    from sidecar.server import serve
 
     path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
     config = SidecarConfig.from_yaml(path) if path else SidecarConfig()

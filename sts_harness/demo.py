@@ -170,9 +170,9 @@ def run_demo(opts: DemoOptions) -> dict:
     from google.protobuf.json_format import MessageToDict
 
     from sidecar import prepare_default_model
+    from sidecar.contract import ClientSecurity
     from spark_ext.config import PipelineConfig
     from spark_ext.exceptions import PipelineFailedError
-    from sidecar.contract import ClientSecurity
     from sts_harness.process import SidecarProcess, write_token_file
 
     out = Path(opts.out).expanduser().resolve()

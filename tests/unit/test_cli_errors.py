@@ -49,9 +49,12 @@ def sidecar_args(tmp_path: Path) -> list[str]:
 
 CONFIG_FILE_CASES = {
     "missing file": (None, r"^sts: config file not found \(.*nope\.yaml\)$"),
-    "malformed YAML": ("server: {listen: [\n", r"^sts: config file is not valid YAML: .*line \d+\)$"),
-    "not a mapping": ("- a\n- b\n", r"^sts: config file must hold a mapping of sections, not a list"),
-    "unknown section": ("servr: {}\n", r"^sts: unknown sidecar config sections: \['servr'\] \(.*\)$"),
+    "malformed YAML": ("server: {listen: [\n",
+                       r"^sts: config file is not valid YAML: .*line \d+\)$"),
+    "not a mapping": ("- a\n- b\n",
+                      r"^sts: config file must hold a mapping of sections, not a list"),
+    "unknown section": ("servr: {}\n",
+                        r"^sts: unknown sidecar config sections: \['servr'\] \(.*\)$"),
     "unknown key": ("server: {lisen: x}\n",
                     r"^sts: unknown keys in sidecar config section 'server': \['lisen'\] \("),
     "unknown nested key": ("scheduler: {pools: {low: {max_qeued: 1}}}\n",
