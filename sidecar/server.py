@@ -197,8 +197,10 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
             await scheduler.drain(config.scheduler.drain_timeout_s)
 
         stack.push_async_callback(drain)
+        serving = (health_pb2.HealthCheckResponse.SERVING if scheduler.engine_error is None
+                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         for name in _HEALTH_NAMES:
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await health_servicer.set(name, serving)
         logger.info("Sidecar %s serving %s (%s engine, model %s, warm-up %.2f s) on %s (%s%s); "
                     "results in %s.", sidecar_id, SERVICE_NAME, engine.kind, engine.model_name,
                     warmup_s, server_cfg.listen, "TLS" if credentials else "plaintext",
