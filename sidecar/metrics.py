@@ -123,6 +123,21 @@ class _LiveCollector(Collector):
         yield err
 
 
+class _RefusedCallsCollector(Collector):
+    """Calls refused by the interceptors, by reason (plain ints read at scrape time)."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(f"{_PREFIX}_rpc_refused",
+                                     "RPCs refused before admission, by reason.",
+                                     labels=["reason"])
+        for reason, value in sorted(self.counts().items()):
+            family.add_metric([reason], float(value))
+        yield family
+
+
 class SidecarMetrics:
     """The sidecar's metrics registry.
 
@@ -194,6 +209,12 @@ class SidecarMetrics:
             if (tpot := self._tpot_children.get(priority)) is None:
                 tpot = self._tpot_children[priority] = self.tpot.labels(priority)
             tpot.observe(record.tpot_ms / 1000.0)
+
+    def count_refused_calls(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Export ``sts_sidecar_rpc_refused_total{reason}``: whole calls refused before
+        admission (``unauthenticated``: no or a wrong token; ``resource_exhausted``: the
+        in-flight byte cap), read from ``counts()`` at scrape time."""
+        self.registry.register(_RefusedCallsCollector(counts))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
         """Expose ``/metrics`` on ``addr:port`` from a daemon thread; returns a

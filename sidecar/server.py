@@ -169,10 +169,15 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
                         server_cfg.metrics_port)
 
         max_bytes = server_cfg.max_message_mb * 1024 * 1024
-        interceptors: list[grpc.aio.ServerInterceptor] = [ExceptionInterceptor(
-            max_inflight_bytes=server_cfg.max_inflight_rpc_mb * 1024 * 1024)]
-        if token is not None:
-            interceptors.insert(0, TokenInterceptor(token))
+        guard = ExceptionInterceptor(
+            max_inflight_bytes=server_cfg.max_inflight_rpc_mb * 1024 * 1024)
+        interceptors: list[grpc.aio.ServerInterceptor] = [guard]
+        token_check = TokenInterceptor(token) if token is not None else None
+        if token_check is not None:
+            interceptors.insert(0, token_check)
+        metrics.count_refused_calls(lambda: {
+            "unauthenticated": token_check.refused if token_check is not None else 0,
+            "resource_exhausted": guard.refused_for_bytes})
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[("grpc.max_receive_message_length", max_bytes),

@@ -289,3 +289,33 @@ def test_a_socket_another_process_serves_is_not_taken_over(tmp_path: Path) -> No
     assert sock.exists()  # left alone; a stale one (nobody listening) is replaced
     _with_sidecar(_config(tmp_path, f"unix://{sock}"),
                   lambda: _wait_serving(f"unix://{sock}"))
+
+
+def test_refused_calls_are_counted_and_the_token_is_never_logged(
+        tmp_path: Path, token_file: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import urllib.request
+
+    target, metrics_port = f"127.0.0.1:{free_port()}", free_port()
+    config = _config(tmp_path, target, token_file=str(token_file), metrics_port=metrics_port)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("guess-1")
+    seen: dict[str, object] = {}
+
+    async def body() -> None:
+        await _wait_serving(target)
+        seen["wrong"] = await _stats(target, ClientSecurity(token_file=str(wrong)))
+        seen["none"] = await _stats(target, None)
+        seen["good"] = await _stats(target, ClientSecurity(token_file=str(token_file)))
+        seen["metrics"] = await asyncio.to_thread(lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode())
+
+    with caplog.at_level(logging.DEBUG):
+        _with_sidecar(config, body)
+    assert (seen["wrong"], seen["none"], seen["good"]) == (
+        grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAUTHENTICATED, "simulated")
+    assert 'sts_sidecar_rpc_refused_total{reason="unauthenticated"} 2.0' in seen["metrics"]
+    assert 'sts_sidecar_rpc_refused_total{reason="resource_exhausted"} 0.0' in seen["metrics"]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "Refused /sts.v1.Inference/GetStats: wrong bearer token" in logged
+    assert TOKEN not in logged and "guess-1" not in logged
