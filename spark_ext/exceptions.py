@@ -18,3 +18,9 @@ class PipelineFailedError(StsSparkError, RuntimeError):
 
     Unrecoverable for this run: restart the pipeline (it resumes from its checkpoints).
     """
+
+
+class SidecarAuthError(StsSparkError, RuntimeError):
+    """The sidecar refused this job's credentials (wrong or missing token, TLS mismatch).
+    Unrecoverable: a misconfiguration fails the query instead of turning every request
+    into a fallback. Fix ``sidecar.token_*``/``sidecar.tls_*`` in the pipeline config."""

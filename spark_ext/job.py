@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = PipelineConfig.from_yaml(args.config)
-    except (OSError, PipelineConfigError, ValueError) as e:
-        print(f"sts job: {str(e).splitlines()[0]} ({args.config})", file=sys.stderr)
+    except PipelineConfigError as e:  # one line that names the file
+        print(f"sts job: {e}", file=sys.stderr)
         return 2
     spark = _session("sts-spark")
     pipeline = StsPipeline(spark, config)

@@ -68,19 +68,19 @@ def _run_demo(args: argparse.Namespace) -> int:
 
         from sts_harness.demo import DemoOptions, print_summary, run_demo
     except ImportError as e:
-        print(f"sts demo: needs module {e.name!r}; {SPARK_EXTRA_HINT}", file=sys.stderr)
+        print(f"sts: needs module {e.name!r}; {SPARK_EXTRA_HINT} (sts demo)", file=sys.stderr)
         return 2
     try:
         opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
                            engine=args.engine, max_tokens=args.max_tokens,
                            overwrite=args.overwrite)
     except ValueError as e:
-        print(f"sts demo: {e}", file=sys.stderr)
+        print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2
     try:
         summary = run_demo(opts)
     except (FileExistsError, NotADirectoryError) as e:
-        print(f"sts demo: {e}", file=sys.stderr)
+        print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2
     print_summary(summary)
     if summary.get("incomplete"):

@@ -175,9 +175,10 @@ def run_demo(opts: DemoOptions) -> dict:
     from google.protobuf.json_format import MessageToDict
 
     from sidecar import prepare_default_model
+    from sidecar.contract import ClientSecurity
     from spark_ext.config import PipelineConfig
     from spark_ext.exceptions import PipelineFailedError
-    from sts_harness.process import SidecarProcess
+    from sts_harness.process import SidecarProcess, write_token_file
 
     out = Path(opts.out).expanduser().resolve()
     prepare_out(out, overwrite=opts.overwrite)
@@ -187,10 +188,13 @@ def run_demo(opts: DemoOptions) -> dict:
     stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar
     try:
         print(f"Starting sidecar ({opts.engine}); log: {out / 'sidecar.log'}", flush=True)
+        token_file = write_token_file(out / "sidecar-token")  # the secure path, end to end
         sidecar = stack.enter_context(SidecarProcess(
             out / "results", ["--engine", opts.engine, "--sidecar-id", "demo-sidecar",
-                              "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8"],
-            log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60))
+                              "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8",
+                              "--set", f"server.token_file={json.dumps(str(token_file))}"],
+            log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
+            security=ClientSecurity(token_file=str(token_file))))
         client = sidecar.client
         assert client is not None
         target = sidecar.target
@@ -206,7 +210,8 @@ def run_demo(opts: DemoOptions) -> dict:
             "source": {"path": str(out / "events")},
             "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
                         "max_tokens": opts.max_tokens},
-            "sidecar": {"endpoint": target, "results_dir": str(out / "results")},
+            "sidecar": {"endpoint": target, "results_dir": str(out / "results"),
+                        "token_file": str(token_file)},
             "output": {"out_dir": str(out / "tables"),
                        "checkpoint_dir": str(out / "checkpoints")},
         })
