@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     for name, value in (("--timeout", args.timeout), ("--until-idle", args.until_idle)):
         if value is not None and not value > 0:
-            print(f"sts job: {name} must be > 0 seconds (got {value})", file=sys.stderr)
+            print(f"sts: {name} must be > 0 seconds (got {value}) (spark_ext/job.py)",
+                  file=sys.stderr)
             return 2
 
     from spark_ext.config import PipelineConfig
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = PipelineConfig.from_yaml(args.config)
     except PipelineConfigError as e:  # one line that names the file
-        print(f"sts job: {e}", file=sys.stderr)
+        print(f"sts: {e}", file=sys.stderr)
         return 2
     spark = _session("sts-spark")
     pipeline = StsPipeline(spark, config)
