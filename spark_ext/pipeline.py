@@ -49,6 +49,9 @@ from spark_ext.template import PromptTemplate
 
 logger = logging.getLogger(__name__)
 
+#: Spark's idle poll interval of a streaming query (``output.idle_poll_ms``).
+_POLLING_DELAY = "spark.sql.streaming.pollingDelay"
+
 #: Request attribute naming the pipeline that submitted it (echoed on its result).
 PIPELINE_ATTRIBUTE = "sts.pipeline"
 
@@ -187,7 +190,16 @@ class StsPipeline:
         seconds = self.config.output.triggers[query]
         if seconds > 0:
             writer = writer.trigger(processingTime=f"{seconds} seconds")
-        return writer.start()
+        # A query copies the session's conf when it starts: set the idle poll for ours only.
+        previous = self.spark.conf.get(_POLLING_DELAY, None)
+        self.spark.conf.set(_POLLING_DELAY, f"{self.config.output.idle_poll_ms}ms")
+        try:
+            return writer.start()
+        finally:
+            if previous is None:
+                self.spark.conf.unset(_POLLING_DELAY)
+            else:
+                self.spark.conf.set(_POLLING_DELAY, previous)
 
     def start(self, *, events: DataFrame | None = None) -> list[StreamingQuery]:
         """Start the queries and the tickers (``events`` overrides the configured source).
