@@ -31,7 +31,8 @@ class DemoFailedError(RuntimeError):
 #: Marks a folder as written by ``sts demo``: only such a folder is ever replaced.
 MARKER = ".sts-demo"
 #: What the demo writes inside ``--out`` (all that ``--overwrite`` removes).
-_OUTPUTS = ("events", "results", "acks", "tables", "checkpoints", "summary.json", "sidecar.log")
+_OUTPUTS = ("events", "results", "acks", "tables", "checkpoints", "plots", "summary.json",
+            "sidecar.log")
 
 logger = logging.getLogger(__name__)
 
@@ -272,6 +273,11 @@ def run_demo(opts: DemoOptions) -> dict:
         answers = pipeline.store.read("answers").to_pylist()
         summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats)
         summary["incomplete"] = failure
+        from sts_harness.demo_plots import plot_demo
+
+        high, normal, low = opts.sla_ms
+        summary["plots"] = [str(p) for p in plot_demo(
+            answers, out / "plots", {"high": high, "normal": normal, "low": low})]
         summary["tables"] = {name: config.output.table(name)
                              for name in ("answers", "requests", "results")}
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -306,3 +312,5 @@ def print_summary(summary: dict) -> None:
         print("  " + line)
     for name, path in summary["tables"].items():
         print(f"delta table {name:<9} {path}")
+    for path in summary.get("plots", []):
+        print(f"plot                  {path}")
