@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError
+from spark_ext.validation import ValidationConfig
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
 
@@ -250,11 +251,12 @@ class PipelineConfig:
     answers: AnswersConfig = field(default_factory=AnswersConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
 
     SECTIONS: ClassVar[dict[str, type]] = {
         "source": SourceConfig, "tagging": TaggingConfig, "template": TemplateConfig,
         "sidecar": SidecarEndpointConfig, "answers": AnswersConfig, "output": OutputConfig,
-        "maintenance": MaintenanceConfig,
+        "maintenance": MaintenanceConfig, "validation": ValidationConfig,
     }
 
     @classmethod

@@ -24,6 +24,7 @@ raises :class:`~spark_ext.exceptions.PipelineFailedError` with a one-line reason
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import re
@@ -38,7 +39,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sidecar.contract import now_ms
 from spark_ext.answer_store import AnswerStore
-from spark_ext.answers import answers_from_refusals, answers_from_results
+from spark_ext.answers import (answers_from_refusals, answers_from_results, invalid_results,
+                               reject_invalid, review_rows)
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineFailedError
 from spark_ext.results_source import SOURCE_NAME, register_results_source
@@ -46,6 +48,7 @@ from spark_ext.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
 from spark_ext.submit import check_sidecars, submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
+from spark_ext.validation import AnswerValidator
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +102,9 @@ class StsPipeline:
         # Tags this pipeline's requests; stable across restarts of the same checkpoints.
         self.pipeline_id = hashlib.sha1(
             str(Path(out.checkpoint_dir).resolve()).encode()).hexdigest()[:12]
+        self.validator = AnswerValidator(config.validation)
+        self.validation_failures: collections.Counter[str] = collections.Counter()
+        """Answers replaced by the fallback since start, per validation rule."""
         self.submitted = 0
         """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
         self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
@@ -170,15 +176,29 @@ class StsPipeline:
             table = table.filter(pc.fill_null(mine, False))
         if table.num_rows == 0:
             return
-        self.store.append("results", table, app_id=self._app_id("answers", "results"),
-                          version=batch_id)
+        keys, fallback = self.config.tagging.key_columns, self.config.answers.fallback_text
+        invalid = invalid_results(table, self.validator.check)
         late = pc.fill_null(table.column("late"), False) if "late" in table.column_names \
             else pa.array([False] * table.num_rows)
         terminal = table.filter(pc.invert(late))
+        # The answers first: they are what a reader waits for.
         self.store.record_answers(
-            answers_from_results(terminal, key_columns=self.config.tagging.key_columns,
-                                 fallback_text=self.config.answers.fallback_text),
+            reject_invalid(answers_from_results(terminal, key_columns=keys,
+                                                fallback_text=fallback), invalid, fallback),
             app_id=self._app_id("answers", "answers"), version=batch_id)
+        self.store.append("results", table, app_id=self._app_id("answers", "results"),
+                          version=batch_id)
+        if invalid:  # a person looks at them; a late invalid answer never backfills
+            self.validation_failures.update(invalid.values())
+            logger.warning("Output validation: %d answers replaced by the fallback (%s).",
+                           len(invalid), dict(collections.Counter(invalid.values())))
+            self.store.append("review_queue", review_rows(
+                table, invalid, key_columns=keys, fallback_text=fallback, now_ms=now_ms()),
+                app_id=self._app_id("answers", "review"), version=batch_id)
+            ok_invalid = pc.and_(pc.equal(table.column("status"), "ok"),
+                                 pc.is_in(table.column("request_id"),
+                                          pa.array(list(invalid), pa.string())))
+            table = table.filter(pc.invert(pc.fill_null(ok_invalid, False)))
         self.store.backfill(table)
 
     # -------------------------------------------------------------- lifecycle

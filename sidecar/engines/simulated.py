@@ -57,6 +57,10 @@ class SimulatedEngineConfig:
     model_name: str = "simulated-llm"
     """Name reported as the served model."""
 
+    text: str = "[simulated] {tokens} tokens"
+    """The answer text (``{tokens}``: tokens generated); tests of what the Spark side does
+    with an answer's content set it."""
+
     replicas: int = 1
     """Independent GPUs behind this sidecar (a simulated cluster for seed-scale runs);
     each request goes to the replica with the fewest sequences."""
@@ -260,7 +264,7 @@ class SimulatedEngine(Engine):
                 done = seq.generated >= seq.request.max_tokens
                 if seq.generated == 1 or done:
                     seq.put(EngineProgress(
-                        text=f"[simulated] {seq.generated} tokens" if done else "",
+                        text=cfg.text.format(tokens=seq.generated) if done else "",
                         output_tokens=seq.generated,
                         cached_tokens=0,
                         finished=done,
