@@ -11,6 +11,7 @@ from sidecar.contract import PRIORITY_NAMES, build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
+SidecarLaunch = Literal["none", "lazy"]
 
 
 @dataclass
@@ -111,6 +112,41 @@ class SidecarEndpointConfig:
     sidecar serves (logged; an unreachable one is a warning, its requests get the
     fallback). It also starts the Python workers submission reuses, so the first
     micro-batch does not pay for them."""
+
+    launch: SidecarLaunch = "none"
+    """Who starts the sidecars. ``none``: they already run (started by the cluster, see
+    ``conf/cluster/``, or by you). ``lazy``: a task whose sidecar does not serve starts
+    it (``sts sidecar --listen <its endpoint>``, ``CUDA_VISIBLE_DEVICES`` = its GPU)
+    under a file lock per GPU in ``run_dir``, so one starts per GPU; later tasks reuse
+    it. A lazily started sidecar outlives the executor (the next one reuses it)."""
+
+    launch_args: list[str] = field(default_factory=list)
+    """Extra ``sts sidecar`` arguments of lazily started sidecars, e.g.
+    ``["--config", "/dbfs/sts/sidecar.yaml"]`` or ``["--engine", "simulated"]``
+    (``--listen``, ``--results-dir`` and ``--sidecar-id`` are set by the launcher)."""
+
+    run_dir: str = "/tmp/sts"
+    """Node-local folder of lazily started sidecars: ``sts-gpu{N}.lock``, ``.pid`` and
+    ``.log`` per GPU (``sts-default.*`` without one); a good place for their sockets
+    (``gpu_endpoint: unix:///tmp/sts/sts-gpu{gpu}.sock``)."""
+
+    start_timeout_s: float = 300.0
+    """How long a task waits for a sidecar it started (or found starting) to serve;
+    past it, its requests are refused as ``unavailable`` and get the fallback."""
+
+    def __post_init__(self) -> None:
+        if self.launch not in ("none", "lazy"):
+            raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
+        if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
+            raise PipelineConfigError(f"{self.gpu_endpoint=} must contain '{{gpu}}'")
+        if self.timeout_s <= 0 or self.start_timeout_s <= 0 or self.max_batch < 1:
+            raise PipelineConfigError(f"{self.timeout_s=} and {self.start_timeout_s=} must "
+                                      f"be > 0 and {self.max_batch=} >= 1")
+        if not isinstance(self.launch_args, list) or \
+                not all(isinstance(a, str) for a in self.launch_args):
+            raise PipelineConfigError(f"{self.launch_args=} must be a list of strings")
+        if self.launch == "lazy" and not self.run_dir:
+            raise PipelineConfigError(f"{self.run_dir=} must name a folder with launch: lazy")
 
 
 @dataclass

@@ -18,3 +18,11 @@ class PipelineFailedError(StsSparkError, RuntimeError):
 
     Unrecoverable for this run: restart the pipeline (it resumes from its checkpoints).
     """
+
+
+class SidecarLaunchError(StsSparkError, RuntimeError):
+    """A sidecar started by a task (``sidecar.launch: lazy``) exited before serving.
+
+    Unrecoverable until fixed: its log (named in the message) says why, e.g. bad
+    ``launch_args`` or an endpoint already taken.
+    """
