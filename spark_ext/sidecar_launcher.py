@@ -40,6 +40,8 @@ from spark_ext.exceptions import SidecarLaunchError
 
 logger = logging.getLogger(__name__)
 
+#: Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with its NUL).
+_MAX_SOCKET_PATH = 107
 #: Sidecars this Python process started (kept so their exit is seen and reaped).
 _STARTED: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -139,6 +141,9 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
     """Start the sidecar detached; record its pid in ``stem.pid``."""
     if endpoint.startswith("unix://"):
         sock = Path(endpoint.removeprefix("unix://"))
+        if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
+            raise SidecarLaunchError(f"socket path {sock} is longer than {_MAX_SOCKET_PATH} "
+                                     "bytes (the unix socket limit); use a shorter run folder")
         sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         sock.unlink(missing_ok=True)  # a socket left by a sidecar that died
     sidecar_id = f"{socket.gethostname()}-{stem.name.removeprefix('sts-')}"

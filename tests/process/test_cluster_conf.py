@@ -71,7 +71,8 @@ def test_pod_template_gives_each_executor_a_sidecar(tmp_path: Path) -> None:
     assert "emptyDir" in volumes["sts-run"]
     assert "persistentVolumeClaim" in volumes["sts-results"]  # the driver reads it too
     script = sidecar["args"][0]
-    assert "unix:///run/sts/sts-gpu$gpu.sock" in script and "--results-dir /data/sts/results" in script
+    assert "unix:///run/sts/sts-gpu$gpu.sock" in script
+    assert "--results-dir /data/sts/results" in script
     probe = " ".join(sidecar["startupProbe"]["exec"]["command"])
     assert "unix:///run/sts/sts-gpu0.sock" in probe
     subprocess.run(["bash", "-n", str(_sidecar_script(tmp_path))], check=True)

@@ -88,6 +88,14 @@ def test_a_sidecar_that_cannot_start_is_one_clear_error(tmp_path: Path) -> None:
     assert "\n" not in str(e.value)
 
 
+def test_a_socket_path_over_the_unix_limit_is_refused_before_starting(tmp_path: Path) -> None:
+    config = SidecarEndpointConfig(**_config(tmp_path, gpu_endpoint=f"unix://{tmp_path}/"
+                                             + "s" * 120 + "-{gpu}.sock"))
+    with pytest.raises(SidecarLaunchError, match="longer than 107 bytes"):
+        ensure_sidecar(config, "0", endpoint_for(config, "0"))
+    assert not (tmp_path / "run" / "sts-gpu0.pid").exists()
+
+
 def test_launch_settings_are_checked() -> None:
     with pytest.raises(PipelineConfigError, match="launch"):
         SidecarEndpointConfig(launch="eager")  # type: ignore[arg-type]
