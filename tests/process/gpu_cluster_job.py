@@ -102,8 +102,7 @@ def _read_with_results_stream(spark, results: Path, work: Path) -> list[dict]:
 
     register_results_source(spark)
     query = (spark.readStream.format("sts_results").option("path", str(results))
-             .option("retentionSeconds", "3600").option("reader", "partitioned")
-             .option("filesPerPartition", "4").load()
+             .option("retentionSeconds", "3600").option("reader", "partitioned").load()
              .select("request_id", "sidecar_id", "attributes", "late")
              .writeStream.format("memory").queryName("sts_cluster_results")
              .option("checkpointLocation", str(work / "checkpoint"))
