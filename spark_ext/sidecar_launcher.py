@@ -25,6 +25,7 @@ sidecars started into a ``run_dir``.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import os
@@ -42,8 +43,9 @@ logger = logging.getLogger(__name__)
 
 #: Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with its NUL).
 _MAX_SOCKET_PATH = 107
-#: Sidecars this Python process started (kept so their exit is seen and reaped).
-_STARTED: dict[str, subprocess.Popen[bytes]] = {}
+#: Sidecars this Python process started, by pid (their exit is seen and reaped through
+#: these; ``/proc`` may still show the pre-exec command line just after the start).
+_STARTED: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def task_gpu() -> str | None:
@@ -79,6 +81,24 @@ def sidecar_name(gpu: str | None) -> str:
     return f"sts-gpu{gpu}" if gpu is not None else "sts-default"
 
 
+def for_tasks(config: SidecarEndpointConfig) -> SidecarEndpointConfig:
+    """``config`` as shipped to tasks: with ``launch: lazy``, ``results_dir`` and
+    ``run_dir`` made absolute here, on the driver, so a relative folder means the
+    same one to the sidecars the tasks start as to the results stream (a task's
+    working folder is the executor's).
+
+    Example:
+        >>> import os
+        >>> cfg = for_tasks(SidecarEndpointConfig(launch="lazy", results_dir="res"))
+        >>> cfg.results_dir == os.path.join(os.getcwd(), "res")
+        True
+    """
+    if config.launch != "lazy":
+        return config
+    return dataclasses.replace(config, results_dir=str(Path(config.results_dir).absolute()),
+                               run_dir=str(Path(config.run_dir).absolute()))
+
+
 def task_sidecar(config: SidecarEndpointConfig) -> str:
     """The endpoint of the running task's sidecar, started first with ``launch: lazy``.
 
@@ -109,8 +129,13 @@ def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str
 
     Raises:
         SidecarLaunchError: the sidecar started here exited before serving (its log
-            says why: bad ``launch_args``, the endpoint taken, ...).
+            says why: bad ``launch_args``, the endpoint taken, ...), or its socket
+            path is too long for a unix socket.
     """
+    sock = endpoint.removeprefix("unix://") if endpoint.startswith("unix://") else ""
+    if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
+        raise SidecarLaunchError(f"socket path {sock} is longer than {_MAX_SOCKET_PATH} "
+                                 "bytes (the unix socket limit); use a shorter folder")
     if _serving(endpoint):
         return True
     run_dir = Path(config.run_dir)
@@ -141,9 +166,6 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
     """Start the sidecar detached; record its pid in ``stem.pid``."""
     if endpoint.startswith("unix://"):
         sock = Path(endpoint.removeprefix("unix://"))
-        if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
-            raise SidecarLaunchError(f"socket path {sock} is longer than {_MAX_SOCKET_PATH} "
-                                     "bytes (the unix socket limit); use a shorter run folder")
         sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         sock.unlink(missing_ok=True)  # a socket left by a sidecar that died
     sidecar_id = f"{socket.gethostname()}-{stem.name.removeprefix('sts-')}"
@@ -157,7 +179,7 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=stem.parent,
                                 start_new_session=True, umask=0o007)
-    _STARTED[endpoint] = proc
+    _STARTED[proc.pid] = proc
     tmp = stem.with_suffix(".pid.tmp")
     tmp.write_text(f"{proc.pid}\n")
     tmp.replace(stem.with_suffix(".pid"))
@@ -182,9 +204,8 @@ def _wait_serving(endpoint: str, pid: int, log: Path, deadline: float) -> bool:
 
 def _alive(pid: int) -> bool:
     """True while ``pid`` runs a sidecar (not a zombie, not a reused pid)."""
-    for proc in _STARTED.values():
-        if proc.pid == pid and proc.poll() is not None:
-            return False
+    if (proc := _STARTED.get(pid)) is not None:
+        return proc.poll() is None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
@@ -226,16 +247,9 @@ def stop_sidecars(run_dir: str | os.PathLike[str], timeout_s: float = 10.0) -> l
     deadline = time.monotonic() + timeout_s
     for pid in pids:
         while _alive(pid) and time.monotonic() < deadline:
-            _reap(pid)
             time.sleep(0.1)
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
-        _reap(pid)
+            if (proc := _STARTED.get(pid)) is not None:
+                proc.wait()
     return pids
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit of a sidecar this process started (no zombie left)."""
-    for proc in _STARTED.values():
-        if proc.pid == pid:
-            proc.poll()

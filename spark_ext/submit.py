@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 
 from spark_ext.config import SidecarEndpointConfig
 from spark_ext.schemas import spark_schema
-from spark_ext.sidecar_launcher import endpoint_for, task_gpu, task_sidecar
+from spark_ext.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,7 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
                                SidecarEndpointConfig(endpoint="127.0.0.1:50051"))
     """
     columns, extra = list(attribute_columns), dict(extra_attributes or {})
+    config = for_tasks(config)
     return requests.mapInArrow(lambda it: submit_batches(it, config, columns, extra),
                                ack_schema(requests))
 
@@ -191,6 +192,7 @@ def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
     """
     n = tasks or spark.sparkContext.defaultParallelism
     df = spark.range(n, numPartitions=n)
+    config = for_tasks(config)
     return (df.mapInArrow(lambda it: _check_partition(it, config),
                           spark_schema(SIDECAR_CHECK_SCHEMA))
             .toArrow().to_pylist())

@@ -60,12 +60,24 @@ def _requests(batches: Iterator[pa.RecordBatch], round_no: int) -> Iterator[pa.R
             "round": [round_no] * len(ids)}, schema=REQUEST_SCHEMA)
 
 
+def _spark_home(pyspark_dir: Path, work: Path) -> Path:
+    """A Spark home of links to the installed PySpark's folders: a local-cluster's
+    workers write the executors' folders under ``$SPARK_HOME/work``, which must not be
+    the shared site-packages."""
+    home = work / "spark-home"
+    home.mkdir()
+    for entry in pyspark_dir.iterdir():
+        if entry.name != "work":
+            (home / entry.name).symlink_to(entry)
+    return home
+
+
 def _session(work: Path):
     import pyspark
     from pyspark.sql import SparkSession
 
     os.environ["STS_FAKE_GPU_DIR"] = str(work / "gpus")
-    os.environ.setdefault("SPARK_HOME", str(Path(pyspark.__file__).parent))
+    os.environ["SPARK_HOME"] = str(_spark_home(Path(pyspark.__file__).parent, work))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("sts-gpu-cluster")
@@ -123,10 +135,11 @@ def main(work: Path) -> dict:
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     run, results = work / "run", work / "results"
+    os.chdir(work)  # relative folders are the driver's: tasks run in the executors' own
     config = SidecarEndpointConfig(
         endpoint="unix:///nonexistent/sts-no-gpu.sock",  # a task without a GPU fails visibly
         gpu_endpoint=f"unix://{run}/sts-gpu{{gpu}}.sock", launch="lazy",
-        launch_args=["--engine", "simulated"], run_dir=str(run), results_dir=str(results),
+        launch_args=["--engine", "simulated"], run_dir="run", results_dir="results",
         start_timeout_s=60.0)
     spark = _session(work)
     try:
