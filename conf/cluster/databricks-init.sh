@@ -27,6 +27,8 @@
 #   STS_SIDECAR_CONFIG  sidecar YAML (e.g. a copy of conf/sidecar.yaml in a volume; default: built-in)
 #   STS_SIDECAR_ARGS    extra `sts sidecar` arguments (e.g. "--model /Volumes/main/sts/models/m")
 #   STS_VENV            venv folder (default /local_disk0/sts/venv)
+#   STS_PYTHON          Python 3.11+ that builds the venv (default: the runtime's
+#                       /databricks/python3/bin/python3, else python3)
 #   STS_RUN_DIR         socket folder (default /run/sts)
 #   STS_LOG_DIR         log folder (default /local_disk0/sts/logs)
 #   STS_SOCKET_GROUP    group that may use the sockets (default: root's; set it when Python
@@ -41,6 +43,10 @@ run_dir="${STS_RUN_DIR:-/run/sts}"
 log_dir="${STS_LOG_DIR:-/local_disk0/sts/logs}"
 config="${STS_SIDECAR_CONFIG:-}"
 extra_args="${STS_SIDECAR_ARGS:-}"
+python="${STS_PYTHON:-}"
+if [[ -z "$python" ]]; then
+  if [[ -x /databricks/python3/bin/python3 ]]; then python=/databricks/python3/bin/python3; else python=python3; fi
+fi
 
 if [[ "${DB_IS_DRIVER:-}" == "TRUE" && "${STS_ON_DRIVER:-0}" != "1" ]]; then
   echo "sts: driver node, no sidecars (STS_ON_DRIVER=1 to start them here)"
@@ -57,7 +63,7 @@ if [[ ${#gpus[@]} -eq 0 ]]; then
 fi
 
 if [[ ! -x "$venv/bin/sts" ]]; then
-  python3 -m venv "$venv"
+  "$python" -m venv "$venv"
   "$venv/bin/pip" install --quiet --upgrade pip
   "$venv/bin/pip" install --quiet "$pip_spec"
 fi
