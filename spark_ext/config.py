@@ -128,7 +128,8 @@ class SidecarEndpointConfig:
     run_dir: str = "/tmp/sts"
     """Node-local folder of lazily started sidecars: ``sts-gpu{N}.lock``, ``.pid`` and
     ``.log`` per GPU (``sts-default.*`` without one); a good place for their sockets
-    (``gpu_endpoint: unix:///tmp/sts/sts-gpu{gpu}.sock``)."""
+    (``gpu_endpoint: unix:///tmp/sts/sts-gpu{gpu}.sock``). Pipelines with the same
+    endpoints share the sidecars, and so the ``results_dir`` of the first to start them."""
 
     start_timeout_s: float = 300.0
     """How long a task waits for a sidecar it started (or found starting) to serve;
