@@ -150,7 +150,7 @@ def answers_from_refusals(acks: pa.Table, *, key_columns: list[str], fallback_te
 
 #: Refusal reasons (as ack strings) that mean "shed under load", not "invalid".
 _SHED_REASONS = frozenset({"queue_full", "deadline_infeasible", "draining", "overloaded",
-                           "queue_delay_exceeded"})
+                           "queue_delay_exceeded", "engine_unavailable"})
 
 
 def answers_for_lost(pending: Iterable[Mapping], *, key_columns: list[str], fallback_text: str

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from sidecar.contract import PRIORITY_NAMES, build_sections, read_yaml
+from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
@@ -113,6 +113,26 @@ class SidecarEndpointConfig:
     fallback). It also starts the Python workers submission reuses, so the first
     micro-batch does not pay for them."""
 
+    tls_ca_file: str | None = None
+    """PEM CA of the sidecar's certificate: set it when the sidecar speaks TLS. The
+    files must exist at the same path on every executor."""
+
+    tls_cert_file: str | None = None
+    """PEM client certificate, when the sidecar requires mutual TLS."""
+
+    tls_key_file: str | None = None
+    """PEM private key of ``tls_cert_file``."""
+
+    tls_server_name: str | None = None
+    """Name the sidecar's certificate is for, when it differs from the endpoint's host."""
+
+    token_file: str | None = None
+    """File holding the sidecar's bearer token (on every executor)."""
+
+    token_env: str | None = None
+    """Environment variable holding the bearer token (set it on executors, e.g.
+    ``spark.executorEnv.STS_SIDECAR_TOKEN``); used when ``token_file`` is unset."""
+
     launch: SidecarLaunch = "none"
     """Who starts the sidecars. ``none``: they already run (started by the cluster, see
     ``conf/cluster/``, or by you). ``lazy``: a task whose sidecar does not serve starts
@@ -136,6 +156,7 @@ class SidecarEndpointConfig:
     past it, its requests are refused as ``unavailable`` and get the fallback."""
 
     def __post_init__(self) -> None:
+        self.security()  # the credential fields go together (checked, not read, here)
         if self.launch not in ("none", "lazy"):
             raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
         if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
@@ -148,6 +169,21 @@ class SidecarEndpointConfig:
             raise PipelineConfigError(f"{self.launch_args=} must be a list of strings")
         if self.launch == "lazy" and not self.run_dir:
             raise PipelineConfigError(f"{self.run_dir=} must name a folder with launch: lazy")
+
+    def security(self) -> ClientSecurity:
+        """The credentials the submit step presents to the sidecar.
+
+        Example:
+            >>> SidecarEndpointConfig(token_env="STS_SIDECAR_TOKEN").security().enabled
+            True
+        """
+        try:
+            return ClientSecurity(tls_ca_file=self.tls_ca_file, tls_cert_file=self.tls_cert_file,
+                                  tls_key_file=self.tls_key_file,
+                                  tls_server_name=self.tls_server_name,
+                                  token_file=self.token_file, token_env=self.token_env)
+        except ValueError as e:
+            raise PipelineConfigError(f"sidecar: {e}") from None
 
 
 @dataclass
@@ -256,5 +292,51 @@ class PipelineConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "PipelineConfig":
-        """Read a YAML file such as ``conf/pipeline.yaml``."""
-        return cls.from_dict(read_yaml(path))
+        """Read a YAML file such as ``conf/pipeline.yaml``. Relative local paths in it
+        are relative to the file's folder (not to where the job was started).
+
+        Raises:
+            PipelineConfigError: one line, ``<what> (<path>)`` (missing file, malformed
+                YAML, unknown section or key, bad value).
+
+        Example:
+            >>> PipelineConfig.from_yaml("/no/such/pipeline.yaml")
+            Traceback (most recent call last):
+            ...
+            spark_ext.exceptions.PipelineConfigError: config file not found (/no/such/pipeline.yaml)
+        """
+        try:
+            config = cls.from_dict(read_yaml(path))
+        except (ValueError, TypeError) as e:
+            text = " ".join(str(e).split())
+            if not (text.endswith(")") and str(path) in text):
+                text = f"{text} ({path})"
+            raise PipelineConfigError(text) from None
+        return config.resolve_paths(Path(path).resolve().parent)
+
+    def resolve_paths(self, base: str | os.PathLike[str]) -> "PipelineConfig":
+        """Make the relative local paths (events, results, tables, checkpoints) relative
+        to ``base``; URIs (``s3://``, ``dbfs:/``, ``file:/``) and absolute paths are kept.
+
+        Example:
+            >>> c = PipelineConfig.from_dict({"output": {"out_dir": "out",
+            ...                                          "checkpoint_dir": "s3://b/ckpt"}})
+            >>> c = c.resolve_paths("/jobs/sts")
+            >>> c.output.out_dir, c.output.checkpoint_dir
+            ('/jobs/sts/out', 's3://b/ckpt')
+        """
+        def resolve(value: str) -> str:
+            if ":/" in value or Path(value).is_absolute():
+                return value
+            return os.path.normpath(Path(base) / value)
+
+        self.source.path = resolve(self.source.path)
+        self.sidecar.results_dir = resolve(self.sidecar.results_dir)
+        self.sidecar.run_dir = resolve(self.sidecar.run_dir)
+        self.output.out_dir = resolve(self.output.out_dir)
+        self.output.checkpoint_dir = resolve(self.output.checkpoint_dir)
+        side = self.sidecar
+        for name in ("tls_ca_file", "tls_cert_file", "tls_key_file", "token_file"):
+            if (value := getattr(side, name)) is not None:
+                setattr(side, name, resolve(value))
+        return self

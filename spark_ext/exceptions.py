@@ -20,6 +20,12 @@ class PipelineFailedError(StsSparkError, RuntimeError):
     """
 
 
+class SidecarAuthError(StsSparkError, RuntimeError):
+    """The sidecar refused this job's credentials (wrong or missing token, TLS mismatch).
+    Unrecoverable: a misconfiguration fails the query instead of turning every request
+    into a fallback. Fix ``sidecar.token_*``/``sidecar.tls_*`` in the pipeline config."""
+
+
 class SidecarLaunchError(StsSparkError, RuntimeError):
     """A sidecar started by a task (``sidecar.launch: lazy``) exited before serving.
 

@@ -96,6 +96,8 @@ class StsPipeline:
         # Tags this pipeline's requests; stable across restarts of the same checkpoints.
         self.pipeline_id = hashlib.sha1(
             str(Path(out.checkpoint_dir).resolve()).encode()).hexdigest()[:12]
+        self.submitted = 0
+        """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
         self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
                                     fallback_text=config.answers.fallback_text,
                                     app_id=self._app_id("safety-net", "answers"))
@@ -144,6 +146,7 @@ class StsPipeline:
         table = batch.toArrow()  # the one materialisation: one SubmitBatch per request
         if table.num_rows == 0:
             return
+        self.submitted += table.num_rows
         self.store.append("requests", table, app_id=self._app_id("submit", "requests"),
                           version=batch_id)
         answers = self.config.answers

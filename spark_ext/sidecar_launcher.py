@@ -112,10 +112,10 @@ def task_sidecar(config: SidecarEndpointConfig) -> str:
     return endpoint
 
 
-def _serving(endpoint: str) -> bool:
+def _serving(config: SidecarEndpointConfig, endpoint: str) -> bool:
     from sidecar.client import SidecarClient
 
-    with SidecarClient(endpoint, timeout_s=2.0) as client:
+    with SidecarClient(endpoint, timeout_s=2.0, security=config.security()) as client:
         return client.is_serving()
 
 
@@ -136,7 +136,7 @@ def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str
     if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
         raise SidecarLaunchError(f"socket path {sock} is longer than {_MAX_SOCKET_PATH} "
                                  "bytes (the unix socket limit); use a shorter folder")
-    if _serving(endpoint):
+    if _serving(config, endpoint):
         return True
     run_dir = Path(config.run_dir)
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -149,15 +149,15 @@ def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str
                 break
             except BlockingIOError:  # another task on this GPU is starting it
                 if time.monotonic() > deadline:
-                    return _serving(endpoint)
+                    return _serving(config, endpoint)
                 time.sleep(0.1)
         try:
-            if _serving(endpoint):
+            if _serving(config, endpoint):
                 return True
             pid = _live_pid(run_dir / f"{name}.pid")
             if pid is None:
                 pid = _start(config, gpu, endpoint, run_dir / name)
-            return _wait_serving(endpoint, pid, run_dir / f"{name}.log", deadline)
+            return _wait_serving(config, endpoint, pid, run_dir / f"{name}.log", deadline)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -188,9 +188,10 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
     return proc.pid
 
 
-def _wait_serving(endpoint: str, pid: int, log: Path, deadline: float) -> bool:
+def _wait_serving(config: SidecarEndpointConfig, endpoint: str, pid: int, log: Path,
+                  deadline: float) -> bool:
     while time.monotonic() < deadline:
-        if _serving(endpoint):
+        if _serving(config, endpoint):
             return True
         if not _alive(pid):
             tail = _last_line(log)
@@ -199,7 +200,7 @@ def _wait_serving(endpoint: str, pid: int, log: Path, deadline: float) -> bool:
         time.sleep(0.2)
     logger.warning("Sidecar for %s (pid %d) not serving after the start timeout; see %s.",
                    endpoint, pid, log)
-    return _serving(endpoint)
+    return _serving(config, endpoint)
 
 
 def _alive(pid: int) -> bool:

@@ -5,7 +5,9 @@
 sidecar and yields one ack row per request as soon as the sidecar admitted or
 refused them. An unreachable or slow sidecar (connect/ack deadline
 ``timeout_s``) turns into ``accepted = false`` rows with reason ``unavailable``
-instead of a failed query, so L4 answers those requests with the fallback.
+instead of a failed query, so L4 answers those requests with the fallback; refused
+credentials (``UNAUTHENTICATED``) are a misconfiguration and fail the task
+(:class:`~spark_ext.exceptions.SidecarAuthError`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from spark_ext.config import SidecarEndpointConfig
+from spark_ext.exceptions import SidecarAuthError
 from spark_ext.schemas import spark_schema
 from spark_ext.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
 
@@ -59,12 +62,12 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     ``request_id``, not by position."""
     import grpc
 
-    from sidecar.client import SidecarClient, request_to_proto
+    from sidecar.client import SidecarClient, describe_rpc_error, request_to_proto
     from sidecar.contract import now_ms
     from sidecar.pb.sts.v1 import inference_pb2 as pb
 
     endpoint = task_sidecar(config)  # started first if launch: lazy and not serving
-    client = SidecarClient(endpoint, timeout_s=config.timeout_s)
+    client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
     try:
         for batch in batches:
             for start in range(0, batch.num_rows, config.max_batch):
@@ -94,6 +97,9 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                     }
                 except grpc.RpcError as e:
                     code = e.code()
+                    if code in (grpc.StatusCode.UNAUTHENTICATED,
+                                grpc.StatusCode.PERMISSION_DENIED):
+                        raise SidecarAuthError(describe_rpc_error(e, endpoint)) from None
                     logger.warning("Sidecar %s did not ack %d requests: %s", endpoint,
                                    len(rows), code)
                     acks = _refused(len(rows), "unavailable", f"{code.name}: {e.details()}",

@@ -80,15 +80,20 @@ def load_samples() -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def sample_replayer(folder: Path, rate: float, duration: float, samples: list[dict]
-                    ) -> EventReplayer:
-    """Replay ``samples`` (cycled) into ``folder`` at ``rate`` events/s for ``duration`` s."""
+def sample_replayer(folder: Path, rate: float, duration: float, samples: list[dict], *,
+                    unique_ids: bool = False) -> EventReplayer:
+    """Replay ``samples`` (cycled) into ``folder`` at ``rate`` events/s for ``duration`` s.
+
+    Event ids are ``<ticket>-<n>``; with ``unique_ids`` the run's start (epoch ms) is part
+    of them too, so a second run is new events, not replays of the first (request ids
+    are derived from the event id)."""
     n = max(1, int(rate * duration))
     arrivals = [i / rate for i in range(n)]
 
     def make_events(start_ms: int) -> list[dict]:
         cycle = itertools.cycle(samples)
-        return [{"event_id": f"{s['ticket_id']}-{i:06d}", "text": s["text"],
+        run = f"{start_ms}-" if unique_ids else ""
+        return [{"event_id": f"{s['ticket_id']}-{run}{i:06d}", "text": s["text"],
                  "priority": s["priority"], "event_ts": start_ms + round(at * 1000)}
                 for i, (at, s) in enumerate(zip(arrivals, cycle))]
 
@@ -170,9 +175,10 @@ def run_demo(opts: DemoOptions) -> dict:
     from google.protobuf.json_format import MessageToDict
 
     from sidecar import prepare_default_model
+    from sidecar.contract import ClientSecurity
     from spark_ext.config import PipelineConfig
     from spark_ext.exceptions import PipelineFailedError
-    from sts_harness.process import SidecarProcess
+    from sts_harness.process import SidecarProcess, write_token_file
 
     out = Path(opts.out).expanduser().resolve()
     prepare_out(out, overwrite=opts.overwrite)
@@ -182,10 +188,13 @@ def run_demo(opts: DemoOptions) -> dict:
     stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar
     try:
         print(f"Starting sidecar ({opts.engine}); log: {out / 'sidecar.log'}", flush=True)
+        token_file = write_token_file(out / "sidecar-token")  # the secure path, end to end
         sidecar = stack.enter_context(SidecarProcess(
             out / "results", ["--engine", opts.engine, "--sidecar-id", "demo-sidecar",
-                              "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8"],
-            log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60))
+                              "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8",
+                              "--set", f"server.token_file={json.dumps(str(token_file))}"],
+            log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
+            security=ClientSecurity(token_file=str(token_file))))
         client = sidecar.client
         assert client is not None
         target = sidecar.target
@@ -201,7 +210,8 @@ def run_demo(opts: DemoOptions) -> dict:
             "source": {"path": str(out / "events")},
             "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
                         "max_tokens": opts.max_tokens},
-            "sidecar": {"endpoint": target, "results_dir": str(out / "results")},
+            "sidecar": {"endpoint": target, "results_dir": str(out / "results"),
+                        "token_file": str(token_file)},
             "output": {"out_dir": str(out / "tables"),
                        "checkpoint_dir": str(out / "checkpoints")},
         })
