@@ -12,6 +12,7 @@ from spark_ext.exceptions import PipelineConfigError
 from spark_ext.validation import ValidationConfig
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
+SidecarLaunch = Literal["none", "lazy"]
 
 
 @dataclass
@@ -133,8 +134,42 @@ class SidecarEndpointConfig:
     """Environment variable holding the bearer token (set it on executors, e.g.
     ``spark.executorEnv.STS_SIDECAR_TOKEN``); used when ``token_file`` is unset."""
 
+    launch: SidecarLaunch = "none"
+    """Who starts the sidecars. ``none``: they already run (started by the cluster, see
+    ``conf/cluster/``, or by you). ``lazy``: a task whose sidecar does not serve starts
+    it (``sts sidecar --listen <its endpoint>``, ``CUDA_VISIBLE_DEVICES`` = its GPU)
+    under a file lock per GPU in ``run_dir``, so one starts per GPU; later tasks reuse
+    it. A lazily started sidecar outlives the executor (the next one reuses it)."""
+
+    launch_args: list[str] = field(default_factory=list)
+    """Extra ``sts sidecar`` arguments of lazily started sidecars, e.g.
+    ``["--config", "/dbfs/sts/sidecar.yaml"]`` or ``["--engine", "simulated"]``
+    (``--listen``, ``--results-dir`` and ``--sidecar-id`` are set by the launcher)."""
+
+    run_dir: str = "/tmp/sts"
+    """Node-local folder of lazily started sidecars: ``sts-gpu{N}.lock``, ``.pid`` and
+    ``.log`` per GPU (``sts-default.*`` without one); a good place for their sockets
+    (``gpu_endpoint: unix:///tmp/sts/sts-gpu{gpu}.sock``). Pipelines with the same
+    endpoints share the sidecars, and so the ``results_dir`` of the first to start them."""
+
+    start_timeout_s: float = 300.0
+    """How long a task waits for a sidecar it started (or found starting) to serve;
+    past it, its requests are refused as ``unavailable`` and get the fallback."""
+
     def __post_init__(self) -> None:
         self.security()  # the credential fields go together (checked, not read, here)
+        if self.launch not in ("none", "lazy"):
+            raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
+        if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
+            raise PipelineConfigError(f"{self.gpu_endpoint=} must contain '{{gpu}}'")
+        if self.timeout_s <= 0 or self.start_timeout_s <= 0 or self.max_batch < 1:
+            raise PipelineConfigError(f"{self.timeout_s=} and {self.start_timeout_s=} must "
+                                      f"be > 0 and {self.max_batch=} >= 1")
+        if not isinstance(self.launch_args, list) or \
+                not all(isinstance(a, str) for a in self.launch_args):
+            raise PipelineConfigError(f"{self.launch_args=} must be a list of strings")
+        if self.launch == "lazy" and not self.run_dir:
+            raise PipelineConfigError(f"{self.run_dir=} must name a folder with launch: lazy")
 
     def security(self) -> ClientSecurity:
         """The credentials the submit step presents to the sidecar.
@@ -307,6 +342,7 @@ class PipelineConfig:
 
         self.source.path = resolve(self.source.path)
         self.sidecar.results_dir = resolve(self.sidecar.results_dir)
+        self.sidecar.run_dir = resolve(self.sidecar.run_dir)
         self.output.out_dir = resolve(self.output.out_dir)
         self.output.checkpoint_dir = resolve(self.output.checkpoint_dir)
         side = self.sidecar

@@ -22,6 +22,7 @@ from pyspark.sql.types import StructType
 from spark_ext.config import SidecarEndpointConfig
 from spark_ext.exceptions import SidecarAuthError
 from spark_ext.schemas import spark_schema
+from spark_ext.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +38,11 @@ def resolve_endpoint(config: SidecarEndpointConfig) -> str:
     """The sidecar this task should use: the one of its GPU, else the default.
 
     Spark assigns GPUs to tasks (``spark.task.resource.gpu.amount``); the first
-    address ``N`` maps to ``config.gpu_endpoint.format(gpu=N)``.
+    address ``N`` maps to ``config.gpu_endpoint.format(gpu=N)``. Nothing is started
+    here (:func:`spark_ext.sidecar_launcher.task_sidecar` also starts it with
+    ``launch: lazy``).
     """
-    if config.gpu_endpoint:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        gpus = ctx.resources().get("gpu") if ctx is not None else None
-        if gpus is not None and gpus.addresses:
-            return config.gpu_endpoint.format(gpu=gpus.addresses[0])
-    return config.endpoint
+    return endpoint_for(config, task_gpu() if config.gpu_endpoint else None)
 
 
 def _refused(n: int, reason: str, detail: str, now: int, endpoint: str) -> dict[str, list]:
@@ -70,7 +66,7 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     from sidecar.contract import now_ms
     from sidecar.pb.sts.v1 import inference_pb2 as pb
 
-    endpoint = resolve_endpoint(config)
+    endpoint = task_sidecar(config)  # started first if launch: lazy and not serving
     client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
     try:
         for batch in batches:
@@ -153,6 +149,7 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
                                SidecarEndpointConfig(endpoint="127.0.0.1:50051"))
     """
     columns, extra = list(attribute_columns), dict(extra_attributes or {})
+    config = for_tasks(config)
     return requests.mapInArrow(lambda it: submit_batches(it, config, columns, extra),
                                ack_schema(requests))
 
@@ -176,6 +173,7 @@ def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointC
     endpoint = resolve_endpoint(config)
     serving, error = False, None
     try:
+        task_sidecar(config)  # with launch: lazy, the check starts the sidecars
         with SidecarClient(endpoint, timeout_s=config.timeout_s) as client:
             serving = client.is_serving()
     except Exception as e:  # reported as a row; the pipeline decides what to do
@@ -200,6 +198,7 @@ def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
     """
     n = tasks or spark.sparkContext.defaultParallelism
     df = spark.range(n, numPartitions=n)
+    config = for_tasks(config)
     return (df.mapInArrow(lambda it: _check_partition(it, config),
                           spark_schema(SIDECAR_CHECK_SCHEMA))
             .toArrow().to_pylist())
