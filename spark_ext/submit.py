@@ -174,7 +174,8 @@ def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointC
     serving, error = False, None
     try:
         task_sidecar(config)  # with launch: lazy, the check starts the sidecars
-        with SidecarClient(endpoint, timeout_s=config.timeout_s) as client:
+        with SidecarClient(endpoint, timeout_s=config.timeout_s,
+                           security=config.security()) as client:
             serving = client.is_serving()
     except Exception as e:  # reported as a row; the pipeline decides what to do
         error = f"{type(e).__name__}: {e}".splitlines()[0]
