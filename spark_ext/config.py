@@ -237,6 +237,13 @@ class OutputConfig:
     10 ms costs a third of a core on an idle 2-core machine, 100 ms a tenth). New input
     waits half of it on average."""
 
+    metrics_port: int | None = None
+    """Serve the Spark side's Prometheus ``/metrics`` on this driver port (0: any free
+    port; ``None``: off). See :mod:`spark_ext.metrics`."""
+
+    metrics_addr: str = "127.0.0.1"
+    """Address of ``/metrics``."""
+
     def __post_init__(self) -> None:
         if self.idle_poll_ms < 0:
             raise PipelineConfigError(f"output.idle_poll_ms must be >= 0 (got {self.idle_poll_ms})")

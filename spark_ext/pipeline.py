@@ -112,6 +112,10 @@ class StsPipeline:
                                     app_id=self._app_id("safety-net", "answers"))
         self.queries: list[StreamingQuery] = []
         self.tickers: list[Ticker] = []
+        self.metrics = None
+        """The Prometheus exporter (:class:`~spark_ext.metrics.PipelineMetrics`) when
+        ``output.metrics_port`` is set; ``metrics_port`` is the port it serves."""
+        self.metrics_port: int | None = None
         self.failure: str | None = None
         self._stopping = threading.Event()
         folders = [config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
@@ -231,6 +235,14 @@ class StsPipeline:
         self.safety_net.watch(self.store.unanswered_requests())
         if self.config.sidecar.check_at_start:
             self.check_sidecars()
+        if (port := self.config.output.metrics_port) is not None:
+            from spark_ext.metrics import PipelineMetrics
+
+            self.metrics = PipelineMetrics(self)
+            self.spark.streams.addListener(self.metrics)
+            self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
+            logger.info("Spark-side metrics on http://%s:%d/metrics",
+                        self.config.output.metrics_addr, self.metrics_port)
         self.queries = [self._start(self.acks(events), "submit", self._write_submitted),
                         self._start(self.results(), "answers", self._write_results)]
         maintenance = self.config.maintenance
@@ -315,3 +327,10 @@ class StsPipeline:
                 q.stop()
             except Exception:  # stopping a failed query may raise again
                 logger.debug("Stopping %s raised.", q.name, exc_info=True)
+        if self.metrics is not None:
+            try:
+                self.spark.streams.removeListener(self.metrics)
+            except Exception:  # the session may be gone already
+                logger.debug("Removing the metrics listener raised.", exc_info=True)
+            self.metrics.close()
+            self.metrics = None
