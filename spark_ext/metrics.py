@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pyspark.sql.streaming import StreamingQueryListener
-
-if TYPE_CHECKING:
-    from spark_ext.pipeline import StsPipeline
 
 _PREFIX = "sts_spark"
 
@@ -28,7 +25,7 @@ _PREFIX = "sts_spark"
 class _PipelineCollector(Collector):
     """The pipeline's counters, read when Prometheus scrapes."""
 
-    def __init__(self, pipeline: "StsPipeline") -> None:
+    def __init__(self, pipeline: Any) -> None:
         self.pipeline = pipeline
 
     def collect(self) -> Iterator[Metric]:
@@ -64,7 +61,8 @@ class PipelineMetrics(StreamingQueryListener):
     """Micro-batch figures of the pipeline's queries plus its counters, on a registry.
 
     Args:
-        pipeline: The pipeline whose queries (``sts-*``) and counters are exported.
+        pipeline: The :class:`~spark_ext.pipeline.StsPipeline` whose queries (``sts-*``)
+            and counters are exported.
         registry: Where the metrics live (a new one by default).
 
     Usage::
@@ -74,7 +72,7 @@ class PipelineMetrics(StreamingQueryListener):
         metrics.serve(9401)          # http://127.0.0.1:9401/metrics
     """
 
-    def __init__(self, pipeline: "StsPipeline", registry: CollectorRegistry | None = None
+    def __init__(self, pipeline: Any, registry: CollectorRegistry | None = None
                  ) -> None:
         self.registry = registry or CollectorRegistry()
         self.queries = {f"sts-{q}" for q in ("submit", "answers")}
