@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -47,6 +48,25 @@ class _Ewma:
 
     def get(self, default: float) -> float:
         return default if self.value is None else self.value
+
+
+class _RecentMedian:
+    """The median of the last ``size`` observations: one slow outlier (a cold start, a
+    CPU hiccup) moves it little, a change of regime moves it within ``size / 2``."""
+
+    def __init__(self, size: int) -> None:
+        self._values: collections.deque[float] = collections.deque(maxlen=size)
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median(self._values) if self._values else None
+
+    def update(self, x: float) -> None:
+        self._values.append(x)
+
+    def get(self, default: float) -> float:
+        v = self.value
+        return default if v is None else v
 
 
 @dataclass
@@ -68,8 +88,8 @@ class _PoolEstimate:
 class BatchSpeedModel:
     """Seconds per output token of one sequence as a function of the batch size.
 
-    A table: per batch size (rounded to whole sequences) an exponentially weighted
-    average of the observed ``tpot``. A size never observed is interpolated between
+    A table: per batch size (rounded to whole sequences) the median of the last
+    ``window`` observed ``tpot`` values. A size never observed is interpolated between
     the nearest observed sizes below and above it; beyond the observed range the line
     is extended with the slope fitted over the observed sizes (least squares, when
     they spread over at least ``min_spread`` sequences and the slope is positive) or
@@ -83,7 +103,7 @@ class BatchSpeedModel:
     not assumed.
 
     Args:
-        alpha: Weight of each new observation of a batch size.
+        window: Observations kept per batch size.
         prior_per_seq: The prior relative cost of one more sequence.
         min_spread: Distance between the smallest and largest observed batch sizes
             needed to fit a slope.
@@ -98,12 +118,12 @@ class BatchSpeedModel:
         0.123
     """
 
-    def __init__(self, alpha: float = 0.1, prior_per_seq: float = 0.1,
+    def __init__(self, window: int = 16, prior_per_seq: float = 0.1,
                  min_spread: float = 2.0) -> None:
-        self.alpha = alpha
+        self.window = window
         self.prior_per_seq = prior_per_seq
         self.min_spread = min_spread
-        self._by_size: dict[int, _Ewma] = {}
+        self._by_size: dict[int, _RecentMedian] = {}
         self._sizes: list[int] = []
 
     @property
@@ -116,7 +136,7 @@ class BatchSpeedModel:
             return
         size = max(1, round(batch))
         if (avg := self._by_size.get(size)) is None:
-            avg = self._by_size[size] = _Ewma(self.alpha)
+            avg = self._by_size[size] = _RecentMedian(self.window)
             self._sizes = sorted(self._by_size)
         avg.update(tpot_s)
 
@@ -188,7 +208,8 @@ class ServiceRateEstimator:
         self._pools = {p: _PoolEstimate(alpha) for p in Priority}
         self._all_tpot = _Ewma(alpha)
         self._all_ttft = _Ewma(alpha)
-        self._all_ttft_batch = _Ewma(alpha)
+        self._ttft_pairs: collections.deque[tuple[float, float]] = collections.deque(maxlen=32)
+        """Recent (ttft, batch it was observed at) pairs, engine-wide."""
         self.speed = BatchSpeedModel()
         self._finishes: collections.deque[float] = collections.deque()
         self._first_event: float | None = None
@@ -212,7 +233,7 @@ class ServiceRateEstimator:
             pool.ttft_s.update(ttft_s)
             self._all_ttft.update(ttft_s)
             if ttft_batch is not None:
-                self._all_ttft_batch.update(ttft_batch)
+                self._ttft_pairs.append((ttft_s, ttft_batch))
         if tpot_s is not None:
             pool.tpot_s.update(tpot_s)
             self._all_tpot.update(tpot_s)
@@ -253,11 +274,12 @@ class ServiceRateEstimator:
 
     def ttft_s(self, priority: Priority, batch: float | None = None) -> float:
         """Seconds from dispatch to the first token. At ``batch`` sequences when given:
-        the engine-wide figure (every pool's requests keep it fresh, a pool that was
-        refused for a while does not) scaled by :class:`BatchSpeedModel` from the
-        batch sizes it was observed at (a prefill shares its steps with the decodes)."""
-        if batch is not None and self.speed.known and self._all_ttft_batch.value is not None:
-            return self._all_ttft.get(0.0) * self.speed.ratio(batch, self._all_ttft_batch.value)
+        the median of the recent engine-wide observations (every pool's requests keep it
+        fresh, a pool that was refused for a while does not), each scaled by
+        :class:`BatchSpeedModel` from the batch it was observed at (a prefill shares its
+        steps with the decodes)."""
+        if batch is not None and self.speed.known and self._ttft_pairs:
+            return statistics.median(t * self.speed.ratio(batch, b) for t, b in self._ttft_pairs)
         return self._pools[priority].ttft_s.get(self._all_ttft.get(0.0))
 
     def tpot_s(self, priority: Priority, batch: float | None = None) -> float:

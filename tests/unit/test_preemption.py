@@ -189,6 +189,11 @@ def test_speed_model_remembers_small_batches_while_the_engine_runs_full() -> Non
     at_1 = est.service_s(HIGH, max_tokens=48, batch=1)
     assert at_1 == pytest.approx(1.0 * 0.080 / 0.173 + 47 * 0.080)
     assert at_1 < 0.5 * est.service_s(HIGH, max_tokens=48, batch=8)
+    # A cold start's 10 s first token does not make every later estimate slow.
+    est.observe_finish(LOW, ttft_s=10.0, tpot_s=0.9, output_tokens=48, max_tokens=48,
+                       batch=1, ttft_batch=1)
+    assert est.ttft_s(HIGH, batch=8) == pytest.approx(1.0)
+    assert model.tpot(1) == pytest.approx(0.080 / 2 + 0.9 / 2)  # two batch-1 figures
 
 
 @pytest.mark.xfail(strict=False, reason=(
