@@ -406,8 +406,16 @@ class WarmupConfig:
     timeout_s: float = 300.0
     """Longest the warm-up may take; past it, start-up fails."""
 
+    calibrate: bool = True
+    """After the warm-up, time one generation alone and ``scheduler.max_in_flight``
+    together, to seed the service model (deadline-aware admission is informed from the
+    first request)."""
+
+    calibration_tokens: int = 16
+    """Output tokens of each calibration generation."""
+
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "rounds"):
+        for name in ("max_tokens", "rounds", "calibration_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"warmup.{name}={value!r} must be a positive integer")

@@ -31,7 +31,9 @@ import collections
 import math
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sidecar.contract import Priority
 
@@ -243,6 +245,17 @@ class ServiceRateEstimator:
         if max_tokens > 0 and output_tokens > 0:
             pool.output_ratio.update(min(1.0, output_tokens / max_tokens))
         self._record(self._finishes, self.clock())
+
+    def calibrate(self, samples: Iterable[Any]) -> None:
+        """Seed the engine-wide figures with measured generations (objects with
+        ``batch``, ``ttft_s``, ``tpot_s``; see :func:`sidecar.warmup.calibrate`). No pool's
+        own figures change: how long a pool's answers are is learnt from its requests."""
+        for s in samples:
+            self._all_ttft.update(s.ttft_s)
+            self._ttft_pairs.append((s.ttft_s, float(s.batch)))
+            if s.tpot_s is not None:
+                self._all_tpot.update(s.tpot_s)
+                self.speed.observe(s.batch, s.tpot_s)
 
     # -------------------------------------------------------------- estimates
 

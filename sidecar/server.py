@@ -48,7 +48,7 @@ from sidecar.security import (
     unix_socket_path,
 )
 from sidecar.servicer import InferenceServicer
-from sidecar.warmup import warm_up
+from sidecar.warmup import calibrate, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
         logger.info("Starting %s engine.", engine.kind)
         await engine.start()
         warmup_s = await warm_up(engine, config.warmup)
+        samples = await calibrate(engine, config.warmup, config.scheduler.max_in_flight)
 
         writer = ParquetResultWriter(config.results, sidecar_id)
         stack.callback(lambda: logger.info("Sidecar stopped; %d results in %d files.",
@@ -154,6 +155,7 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
 
         scheduler = Scheduler(engine, emit, config.scheduler, sidecar_id,
                               log_requests=server_cfg.log_requests)
+        scheduler.estimator.calibrate(samples)
         scheduler.start()
         stack.push_async_callback(scheduler.abort_all)
         metrics = SidecarMetrics(scheduler, loop)

@@ -17,7 +17,8 @@ from sidecar.engines import EngineRequest
 from sidecar.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from sidecar.exceptions import EngineStartError
 from sidecar.server import serve
-from sidecar.warmup import warm_up
+from sidecar.estimator import ServiceRateEstimator
+from sidecar.warmup import calibrate, warm_up
 from tests.utils import free_port, read_results
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,6 +56,30 @@ def test_warm_up_sends_every_prompt_and_prefix_each_round() -> None:
     assert lengths == sorted(len(t) for t in config.texts())
     assert {r.max_tokens for r in engine.seen} == {3}
     assert asyncio.run(warm_up(engine, WarmupConfig(enabled=False))) == 0.0
+
+
+def test_calibration_measures_a_lone_and_a_full_batch_and_seeds_the_estimator() -> None:
+    """The simulated step costs 10 ms + 5 ms per sequence: alone ~15 ms per token, eight
+    together ~50 ms; the service model knows both before any real request."""
+    engine = SimulatedEngine(SimulatedEngineConfig(step_base_ms=10.0, step_per_seq_ms=5.0))
+
+    async def main():  # type: ignore[no-untyped-def]
+        await engine.start()
+        try:
+            return await calibrate(engine, WarmupConfig(calibration_tokens=6), 8)
+        finally:
+            await engine.shutdown()
+
+    samples = asyncio.run(main())
+    assert sorted({s.batch for s in samples}) == [1, 8] and len(samples) == 9
+    est = ServiceRateEstimator()
+    assert not est.warm
+    est.calibrate(samples)
+    assert est.warm
+    assert est.speed.tpot(1) == pytest.approx(0.015, rel=0.5)
+    assert est.speed.tpot(8) == pytest.approx(0.050, rel=0.5)
+    assert est.speed.tpot(1) < est.speed.tpot(8)
+    assert asyncio.run(calibrate(engine, WarmupConfig(calibrate=False), 8)) == []
 
 
 def test_the_sidecar_warms_up_before_serving_and_reports_it(
