@@ -408,14 +408,18 @@ class WarmupConfig:
 
     calibrate: bool = True
     """After the warm-up, time one generation alone and ``scheduler.max_in_flight``
-    together, to seed the service model (deadline-aware admission is informed from the
+    (at most ``calibration_max_batch``) together, to seed the service model (deadline-aware admission is informed from the
     first request)."""
 
     calibration_tokens: int = 16
     """Output tokens of each calibration generation."""
 
+    calibration_max_batch: int = 64
+    """Most generations run together to calibrate (a gateway benchmark's
+    ``max_in_flight`` of thousands would otherwise queue them in the engine)."""
+
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "rounds", "calibration_tokens"):
+        for name in ("max_tokens", "rounds", "calibration_tokens", "calibration_max_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"warmup.{name}={value!r} must be a positive integer")

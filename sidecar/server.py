@@ -139,7 +139,9 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
         logger.info("Starting %s engine.", engine.kind)
         await engine.start()
         warmup_s = await warm_up(engine, config.warmup)
-        samples = await calibrate(engine, config.warmup, config.scheduler.max_in_flight)
+        samples = await calibrate(engine, config.warmup,
+                                  min(config.scheduler.max_in_flight,
+                                      config.warmup.calibration_max_batch))
 
         writer = ParquetResultWriter(config.results, sidecar_id)
         stack.callback(lambda: logger.info("Sidecar stopped; %d results in %d files.",
