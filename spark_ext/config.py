@@ -178,8 +178,9 @@ class RoutingConfig:
     """Column that is embedded and classified."""
 
     rules: list[dict[str, str]] = field(default_factory=list)
-    """Overrides, first match wins: ``{when: SQL, route: llm|rule|drop, priority:
-    high|normal|low}`` (``route`` or ``priority`` may be left out)."""
+    """Overrides of the model: ``{when: SQL, route: llm|rule|drop, priority:
+    high|normal|low}``. The first rule whose ``when`` holds decides; a field it
+    leaves out keeps the model's value."""
 
     rule_text: str = "Hello! Thanks for your message. How can we help you today?"
     """Answer of events routed ``rule`` (``answer_source = rule``)."""

@@ -24,6 +24,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from spark_ext.config import EmbeddingConfig
 from spark_ext.exceptions import EmbeddingModelError
 
@@ -214,7 +216,6 @@ def embedding_udf(config: EmbeddingConfig) -> Any:
         embed = embedding_udf(EmbeddingConfig())
         df = df.withColumn("embedding", embed("text"))
     """
-    import pandas as pd
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, FloatType
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from spark_ext.config import EmbeddingConfig, KnowledgeBaseConfig
 
 if TYPE_CHECKING:
@@ -93,7 +95,6 @@ def retrieval_udf(kb: KnowledgeBaseConfig) -> Any:
     """A pandas UDF ``embedding -> struct`` (:data:`RETRIEVAL_TYPE`): one Milvus search
     per Arrow batch, the reader opened once per Python worker."""
     import numpy as np
-    import pandas as pd
     from pyspark.sql import functions as F
 
     from spark_ext.knowledge_base import KnowledgeBaseReader, shared_reader

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from sidecar.contract import PRIORITY_NAMES, write_text_atomically
 from spark_ext.config import ROUTES, EmbeddingConfig, RoutingConfig
 from spark_ext.exceptions import RoutingModelError
@@ -199,7 +201,6 @@ def classify_udf(model_file: str) -> Any:
     """A pandas UDF ``embedding -> struct<priority, route, priority_confidence,
     route_confidence>``; the model file is read once per Python worker."""
     import numpy as np
-    import pandas as pd
     from pyspark.sql import functions as F
 
     path = str(Path(model_file).resolve())
@@ -228,7 +229,8 @@ def route_events(df: "DataFrame", config: RoutingConfig, embedding: EmbeddingCon
 
     ``embedding_column`` is added (from ``config.text_column``) when missing, so L2 can
     reuse it. Without a model file, ``route`` is ``llm`` and ``priority`` stays the
-    value of ``priority_column``; rules override both, first match wins.
+    value of ``priority_column``. Rules override them: the first rule whose ``when``
+    holds decides, and what it does not set keeps the model's value.
     ``priority_confidence`` and ``route_confidence`` are the model's (null without one).
 
     Usage::
@@ -260,11 +262,12 @@ def route_events(df: "DataFrame", config: RoutingConfig, embedding: EmbeddingCon
                   .withColumn("route", F.lit("llm"))
                   .withColumn("priority_confidence", F.lit(None).cast("float"))
                   .withColumn("route_confidence", F.lit(None).cast("float")))
-    route, priority = F.col("route"), F.col("priority")
+    model_route, model_priority = F.col("route"), F.col("priority")
+    route, priority = model_route, model_priority
     for rule in reversed(config.rules):  # built from the last, so the first match wins
         cond = F.coalesce(F.expr(rule["when"]).cast("boolean"), F.lit(False))
-        if "route" in rule:
-            route = F.when(cond, F.lit(rule["route"])).otherwise(route)
-        if "priority" in rule:
-            priority = F.when(cond, F.lit(rule["priority"])).otherwise(priority)
+        route = F.when(cond, F.lit(rule["route"]) if "route" in rule else model_route
+                       ).otherwise(route)
+        priority = F.when(cond, F.lit(rule["priority"]) if "priority" in rule
+                          else model_priority).otherwise(priority)
     return out.withColumn("route", route).withColumn("priority", priority)

@@ -63,7 +63,7 @@ def _count(kb: KnowledgeBaseConfig) -> int:
 
 
 def test_embedding_udf_in_spark_matches_the_model(spark) -> None:
-    texts = [*TEXTS, None, "x" * 3000] * 5
+    texts = [*TEXTS, None, "x" * 3000] * 2
     df = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "i INT, text STRING")
     rows = (df.repartition(2).withColumn("embedding", embed_column("text", EMB))
               .orderBy("i").collect())
@@ -124,26 +124,26 @@ def test_kb_build_is_idempotent_and_a_rebuild_replaces_the_articles(
 ], ids=["missing", "empty", "blank", "malformed", "duplicate-id", "bad-faq"])
 def test_kb_build_bad_input_names_the_lines_and_writes_nothing(
         tmp_path: Path, content: str | None, message: str) -> None:
-    config = KnowledgeBaseConfig(uri=str(tmp_path / "kb.db"))
+    config = KnowledgeBaseConfig(uri=str(tmp_path / "db" / "kb.db"))
     build_knowledge_base(ARTICLES, config, EMB)
-    before = sorted(p.name for p in tmp_path.iterdir())
+    before = sorted(p.name for p in (tmp_path / "db").iterdir())
     path = tmp_path / "articles.jsonl"
     if content is not None:
         path.write_text(content, encoding="utf-8")
     with pytest.raises(InputFileError, match=message):
         build_knowledge_base(path, config, EMB)
     assert _count(config) == 36
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert sorted(p.name for p in (tmp_path / "db").iterdir()) == before
 
 
 def test_kb_commands_build_search_and_report_bad_input(tmp_path: Path, capsys) -> None:
     uri = str(tmp_path / "cli.db")
     assert sts(["kb", "build", "--input", str(ARTICLES), "--uri", uri]) == 0
     assert "36 articles (14 FAQ), 384-d vectors" in capsys.readouterr().out
-    assert sts(["kb", "search", "Can I pay for order #12345 in 3 instalments?",
+    assert sts(["kb", "search", "Can I pay in 3 instalments?",
                 "--uri", uri]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split()[2] == "faq-instalments"
+    assert out.splitlines()[0].split()[2] == "faq-instalments:"
     assert "answered from the knowledge base (faq-instalments)" in out
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "title": "T", "text": "x"}\n{"id": 3}\n', encoding="utf-8")
@@ -201,6 +201,7 @@ def test_routing_and_retrieval_in_spark(spark, kb: KnowledgeBaseConfig,
         {"when": "text like '%kettle%'", "priority": "high", "route": "drop"},  # not reached
         {"when": "text like 'Thanks%'", "route": "drop"}])
     out = retrieve(route_events(df, routing, EMB), kb, EMB).orderBy("event_id").toPandas()
+    # the kettle matches two rules: the first decides, and it keeps the model's route
     assert list(out["route"]) == ["rule", "drop", "llm", "llm", "llm", "drop"]
     assert list(out["priority"])[3:5] == ["high", "low"]
     assert all(len(ids) == kb.top_k for ids in out["kb_ids"])
