@@ -4,6 +4,8 @@ opens a database, so these tests live with the process tests."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -231,3 +233,58 @@ def test_routing_rules_alone_and_config_errors(spark) -> None:
         retrieve(df, KnowledgeBaseConfig(uri=str(Path("/nonexistent/kb.db"))), EMB)
     with pytest.raises(RoutingModelError, match="no L1 model"):
         route_events(df, RoutingConfig(model_file="/nonexistent/router.json"), EMB)
+
+
+# ------------------------------------------------------------------ in the pipeline
+
+
+def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
+        spark, tmp_path: Path, kb: KnowledgeBaseConfig, router_file: Path) -> None:
+    from sidecar.contract import write_text_atomically
+    from spark_ext.pipeline import StsPipeline
+    from tests.utils import RemoteSidecar
+
+    events = [{"event_id": f"e{i}", "text": t, "priority": "normal", "event_ts": None}
+              for i, t in enumerate(TEXTS)]
+    write_text_atomically(tmp_path / "events" / "b1.json",
+                          "".join(json.dumps(e) + "\n" for e in events))
+    results = tmp_path / "results"
+    with RemoteSidecar(results, ["--engine", "simulated", "--sidecar-id", "l1l2",
+                                 "--set", "scheduler.deadline_admission=false",
+                                 "--set", "results.flush_interval_s=0.05"],
+                       log_path=tmp_path / "sidecar.log") as sidecar:
+        cfg = PipelineConfig.from_dict({
+            "source": {"path": str(tmp_path / "events")},
+            # the first batch loads MiniLM in every Python worker (tens of seconds here)
+            "tagging": {"event_time_ms": None, "max_tokens": 8,
+                        "sla_ms": {"high": 300_000, "normal": 300_000, "low": 300_000}},
+            "template": {"dynamic": "{kb_context}Ticket: {text}"},
+            "sidecar": {"endpoint": sidecar.target, "results_dir": str(results)},
+            "output": {"out_dir": str(tmp_path / "out"), "checkpoint_dir": str(tmp_path / "ck")},
+            "routing": {"enabled": True, "model_file": str(router_file)},
+            "knowledge_base": {"enabled": True, "uri": kb.uri},
+        })
+        pipeline = StsPipeline(spark, cfg)
+        pipeline.start()
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                pipeline.process_all_available()
+                answers = pipeline.store.read("answers").to_pylist() \
+                    if (tmp_path / "out" / "answers").exists() else []
+                if len(answers) >= len(TEXTS) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+        finally:
+            pipeline.stop()
+    by_event = {a["event_id"]: a for a in answers}
+    assert len(answers) == len(by_event) == len(TEXTS), "exactly one answer row per event"
+    got = {e: (a["answer_source"], a["status"]) for e, a in by_event.items()}
+    assert got == {"e0": ("rule", "ok"), "e1": ("rule", "dropped"), "e2": ("kb", "ok"),
+                   "e3": ("llm", "ok"), "e4": ("llm", "ok"), "e5": ("rule", "ok")}
+    assert by_event["e2"]["reason"] == "kb:faq-shipping-countries"
+    assert by_event["e0"]["answer"] == cfg.routing.rule_text
+    assert by_event["e3"]["priority"] == "high"
+    submitted = pipeline.store.read("requests").to_pylist()
+    assert sorted(r["event_id"] for r in submitted) == ["e3", "e4"]
+    assert all(len(r["kb_ids"]) == kb.top_k and r["route"] == "llm" for r in submitted)
