@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from spark_ext.config import PipelineConfig
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 #: Final routes: the L1 ones plus ``kb`` (answered by L2).
 FINAL_ROUTES: tuple[str, ...] = ("llm", "rule", "drop", "kb")
@@ -58,6 +58,19 @@ def apply_fast_path(events: "DataFrame", config: PipelineConfig) -> "DataFrame":
                                              & F.col("kb_answer").isNotNull(), F.lit("kb"))
                              .otherwise(F.col("route")))
     return out.drop("_embedding")
+
+
+def warm_up(spark: "SparkSession", config: PipelineConfig) -> None:
+    """Run the fast path once over a tiny batch with one partition per core, so the Python
+    workers load the embedding model (and open the knowledge base) before the first
+    micro-batch: a cold worker spends tens of seconds on it, which would count against
+    the first events' deadlines."""
+    n = max(1, spark.sparkContext.defaultParallelism)
+    columns = list(dict.fromkeys([config.routing.text_column,
+                                  config.knowledge_base.text_column, "priority"]))
+    rows = [tuple("normal" if c == "priority" else "hello" for c in columns)] * n
+    df = spark.createDataFrame(rows, ", ".join(f"`{c}` STRING" for c in columns)).repartition(n)
+    apply_fast_path(df, config).write.format("noop").mode("overwrite").save()
 
 
 def fast_answers(rows: Iterable[Mapping[str, Any]], *, key_columns: list[str], rule_text: str

@@ -120,12 +120,19 @@ def article_document(article: dict[str, Any]) -> str:
     return article["title"] if article.get("faq") else f"{article['title']}\n{article['text']}"
 
 
+#: gRPC options of the Milvus client. pymilvus pings every 10 s; Milvus Lite's in-process
+#: server may answer pings that often with "GOAWAY too_many_pings" and drop the connection
+#: (seen in a benchmark run), so clients ping every 5 minutes (gRPC servers' default minimum).
+_GRPC_OPTIONS = {"grpc.keepalive_time_ms": 300_000}
+
+
 def _client(uri: str, token: str = "") -> Any:
     from pymilvus import MilvusClient
     from pymilvus.exceptions import MilvusException
 
     try:
-        return MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
+        return MilvusClient(uri=uri, token=token, grpc_options=_GRPC_OPTIONS) if token \
+            else MilvusClient(uri=uri, grpc_options=_GRPC_OPTIONS)
     except MilvusException as e:
         hint = (" (a Milvus Lite folder can be open in one process only)"
                 if not is_server_uri(uri) else "")

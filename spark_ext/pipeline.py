@@ -220,9 +220,12 @@ class StsPipeline:
         """
         self.store.load_ledger()
         self.safety_net.watch(self.store.unanswered_requests())
-        submit = (self._start(self.requests(events), "submit", self._write_fast_path_then_submit)
-                  if fast_path.enabled(self.config)
-                  else self._start(self.acks(events), "submit", self._write_submitted))
+        if fast_path.enabled(self.config):
+            fast_path.warm_up(self.spark, self.config)
+            submit = self._start(self.requests(events), "submit",
+                                 self._write_fast_path_then_submit)
+        else:
+            submit = self._start(self.acks(events), "submit", self._write_submitted)
         self.queries = [submit,
                         self._start(self.results(), "answers", self._write_results)]
         maintenance = self.config.maintenance

@@ -164,8 +164,9 @@ def test_kb_commands_build_search_and_report_bad_input(tmp_path: Path, capsys) -
 def test_l1_train_prints_held_out_accuracy_and_writes_a_model(router_file: Path,
                                                               capsys) -> None:
     model = RouterModel.load(router_file)
-    assert model.metrics["held_out"] == 125 and model.metrics["route_accuracy"] >= 0.9
-    assert model.metrics["priority_accuracy"] >= 0.9
+    # held out: texts unlike any training text except in their numbers
+    assert model.metrics["held_out"] > 100 and model.metrics["route_accuracy"] >= 0.95
+    assert model.metrics["priority_accuracy"] >= 0.7
     assert router_file.stat().st_size < 200_000
     routes, _ = model.predict(embed_texts(TEXTS, EMB))["route"]
     assert routes == ["rule", "drop", "llm", "llm", "llm", "rule"]
@@ -238,6 +239,7 @@ def test_routing_rules_alone_and_config_errors(spark) -> None:
 # ------------------------------------------------------------------ in the pipeline
 
 
+@pytest.mark.slow
 def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
         spark, tmp_path: Path, kb: KnowledgeBaseConfig, router_file: Path) -> None:
     from sidecar.contract import write_text_atomically
@@ -255,9 +257,8 @@ def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
                        log_path=tmp_path / "sidecar.log") as sidecar:
         cfg = PipelineConfig.from_dict({
             "source": {"path": str(tmp_path / "events")},
-            # the first batch loads MiniLM in every Python worker (tens of seconds here)
             "tagging": {"event_time_ms": None, "max_tokens": 8,
-                        "sla_ms": {"high": 300_000, "normal": 300_000, "low": 300_000}},
+                        "sla_ms": {"high": 60_000, "normal": 60_000, "low": 60_000}},
             "template": {"dynamic": "{kb_context}Ticket: {text}"},
             "sidecar": {"endpoint": sidecar.target, "results_dir": str(results)},
             "output": {"out_dir": str(tmp_path / "out"), "checkpoint_dir": str(tmp_path / "ck")},
