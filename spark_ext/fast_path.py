@@ -1,8 +1,8 @@
 """L1 + L2 in the pipeline: route events, retrieve context, answer what needs no LLM.
 
 Off unless configured (``routing.enabled``, ``knowledge_base.enabled``). When on, the
-submit query's events go through :func:`spark_ext.routing.route_events` and
-:func:`spark_ext.retrieval.retrieve` (one embedding per event, shared by both) before
+submit query's events go through one pandas UDF (:func:`fast_path_udf`: embed once,
+classify with the L1 model, one Milvus search per Arrow batch), then the L1 rules, before
 tagging, and every event gets a final ``route``:
 
 ``llm``   submitted to the sidecar (its prompt may carry ``{kb_context}``);
@@ -18,10 +18,14 @@ A rule that routes ``llm`` explicitly does not stop the FAQ short-circuit; ``rul
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from spark_ext.config import PipelineConfig
+from spark_ext.exceptions import PipelineConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -37,27 +41,90 @@ def enabled(config: PipelineConfig) -> bool:
     return config.routing.enabled or config.knowledge_base.enabled
 
 
-def apply_fast_path(events: "DataFrame", config: PipelineConfig) -> "DataFrame":
-    """``events`` with ``route`` (see the module docstring) and, per section enabled,
-    the routing and retrieval columns; the embedding column is dropped at the end."""
+#: Spark type of the L1 part of the fused UDF.
+_L1_TYPE = ("priority string, route string, priority_confidence float, "
+            "route_confidence float")
+
+
+def fast_path_udf(config: PipelineConfig) -> Any:
+    """One pandas UDF ``text -> struct`` doing L1 and L2 in one Python pass per Arrow
+    batch: embed once, classify (when ``routing.model_file`` is set), one Milvus search
+    (when ``knowledge_base.enabled``). One UDF keeps one Python worker per task, so each
+    worker loads the model once (three chained UDFs spread a task over three workers,
+    each of which may end up loading it)."""
+    import numpy as np
     from pyspark.sql import functions as F
 
-    from spark_ext.retrieval import retrieve
-    from spark_ext.routing import route_events
+    from spark_ext.embedding import embed_texts, load_encoder, task_device
+    from spark_ext.knowledge_base import KnowledgeBaseReader, shared_reader
+    from spark_ext.retrieval import RETRIEVAL_TYPE, retrieval_rows
+    from spark_ext.routing import RouterModel, cached_model
 
+    embedding, kb = config.embedding, config.knowledge_base
+    model_file = str(Path(config.routing.model_file).resolve()) \
+        if config.routing.enabled and config.routing.model_file else None
+    if model_file:
+        RouterModel.load(model_file)  # fail on the driver, not in a task
+    if kb.enabled:
+        KnowledgeBaseReader(kb).close()
+    parts = [p for p, on in ((_L1_TYPE, bool(model_file)), (RETRIEVAL_TYPE, kb.enabled)) if on]
+
+    @F.pandas_udf(", ".join(parts))  # type: ignore[call-overload]
+    def l1l2(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+        device = task_device(embedding.device)
+        load_encoder(embedding, device)
+        for texts in batches:
+            x = embed_texts(texts.tolist(), embedding, device=device)
+            cols: dict[str, Any] = {}
+            if model_file:
+                out = cached_model(model_file).predict(x)
+                cols.update(priority=out["priority"][0], route=out["route"][0],
+                            priority_confidence=out["priority"][1].astype(np.float32),
+                            route_confidence=out["route"][1].astype(np.float32))
+            if kb.enabled:
+                hits = shared_reader(kb).search(x, kb.top_k) if len(x) else []
+                cols.update(retrieval_rows(hits, kb))
+            yield pd.DataFrame(cols)
+
+    return l1l2
+
+
+def apply_fast_path(events: "DataFrame", config: PipelineConfig) -> "DataFrame":
+    """``events`` with ``route`` (see the module docstring) and, per section enabled,
+    the routing and retrieval columns, computed by :func:`fast_path_udf`."""
+    from pyspark.sql import functions as F
+
+    from spark_ext.retrieval import RETRIEVAL_COLUMNS
+    from spark_ext.routing import apply_rules
+
+    routing, kb = config.routing, config.knowledge_base
+    model = routing.enabled and bool(routing.model_file)
+    texts = {c for c, on in ((routing.text_column, model), (kb.text_column, kb.enabled)) if on}
+    if len(texts) > 1:
+        raise PipelineConfigError(f"routing.text_column and knowledge_base.text_column differ "
+                                  f"({sorted(texts)}): L1 and L2 share one embedding")
+    if missing := texts - set(events.columns):
+        raise PipelineConfigError(f"text column {sorted(missing)} is not a column of the "
+                                  f"events ({events.columns})")
     out = events
-    if config.routing.enabled:
-        out = route_events(out, config.routing, config.embedding,
-                           embedding_column="_embedding", priority_column="priority")
+    if texts:
+        text = F.col(next(iter(texts))).cast("string")
+        out = out.withColumn("_l1l2", fast_path_udf(config)(text))
+    if model:
+        for c in ("priority", "route", "priority_confidence", "route_confidence"):
+            out = out.withColumn(c, F.col(f"_l1l2.{c}"))
     else:
         out = out.withColumn("route", F.lit("llm"))
-    if config.knowledge_base.enabled:
-        out = retrieve(out, config.knowledge_base, config.embedding,
-                       embedding_column="_embedding")
+    if kb.enabled:
+        for c in RETRIEVAL_COLUMNS:
+            out = out.withColumn(c, F.col(f"_l1l2.{c}"))
+    if routing.enabled:
+        out = apply_rules(out, routing)
+    if kb.enabled:
         out = out.withColumn("route", F.when((F.col("route") == "llm")
                                              & F.col("kb_answer").isNotNull(), F.lit("kb"))
                              .otherwise(F.col("route")))
-    return out.drop("_embedding")
+    return out.drop("_l1l2")  # a no-op when nothing was computed
 
 
 def warm_up(spark: "SparkSession", config: PipelineConfig) -> None:

@@ -195,7 +195,8 @@ _MODELS: dict[tuple[str, int], RouterModel] = {}
 _LOCK = threading.Lock()
 
 
-def _cached_model(path: str) -> RouterModel:
+def cached_model(path: str) -> RouterModel:
+    """The model file at ``path``, read once per process (again when it changes)."""
     key = (path, os.stat(path).st_mtime_ns)
     with _LOCK:
         if key not in _MODELS:
@@ -215,7 +216,7 @@ def classify_udf(model_file: str) -> Any:
     @F.pandas_udf("priority string, route string, priority_confidence float, "  # type: ignore
                   "route_confidence float")
     def classify(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
-        model = _cached_model(path)
+        model = cached_model(path)
         for vectors in batches:
             x = np.stack(vectors.to_numpy()).astype(np.float32) if len(vectors) else \
                 np.zeros((0, model.dim), dtype=np.float32)
@@ -268,6 +269,14 @@ def route_events(df: "DataFrame", config: RoutingConfig, embedding: EmbeddingCon
                   .withColumn("route", F.lit("llm"))
                   .withColumn("priority_confidence", F.lit(None).cast("float"))
                   .withColumn("route_confidence", F.lit(None).cast("float")))
+    return apply_rules(out, config)
+
+
+def apply_rules(df: "DataFrame", config: RoutingConfig) -> "DataFrame":
+    """``df`` (with ``route`` and ``priority``) after the rules of ``config``: the first
+    rule whose ``when`` holds decides; what it does not set keeps the current value."""
+    from pyspark.sql import functions as F
+
     model_route, model_priority = F.col("route"), F.col("priority")
     route, priority = model_route, model_priority
     for rule in reversed(config.rules):  # built from the last, so the first match wins
@@ -276,4 +285,4 @@ def route_events(df: "DataFrame", config: RoutingConfig, embedding: EmbeddingCon
                        ).otherwise(route)
         priority = F.when(cond, F.lit(rule["priority"]) if "priority" in rule
                           else model_priority).otherwise(priority)
-    return out.withColumn("route", route).withColumn("priority", priority)
+    return df.withColumn("route", route).withColumn("priority", priority)

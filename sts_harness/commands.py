@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="replace an earlier demo's output in --out")
     demo.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
     demo.add_argument("--max-tokens", type=int, default=48)
+    demo.add_argument("--l1l2", action="store_true",
+                      help="L1 routing (MiniLM + classifier) and L2 retrieval (Milvus Lite)")
     demo.set_defaults(func=_run_demo)
 
 
@@ -38,7 +40,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     try:
         opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
                            engine=args.engine, max_tokens=args.max_tokens,
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, l1l2=args.l1l2)
     except ValueError as e:
         print(f"sts demo: {e}", file=sys.stderr)
         return 2
