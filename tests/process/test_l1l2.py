@@ -289,3 +289,20 @@ def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
     submitted = pipeline.store.read("requests").to_pylist()
     assert sorted(r["event_id"] for r in submitted) == ["e3", "e4"]
     assert all(len(r["kb_ids"]) == kb.top_k and r["route"] == "llm" for r in submitted)
+
+
+def test_fast_path_with_rules_only_needs_no_model(spark) -> None:
+    from spark_ext.exceptions import PipelineConfigError
+    from spark_ext.fast_path import apply_fast_path
+
+    df = spark.createDataFrame([("a", "hello", "low"), ("b", "buy pills", "normal")],
+                               "event_id STRING, text STRING, priority STRING")
+    cfg = PipelineConfig.from_dict({"routing": {"enabled": True, "rules": [
+        {"when": "text like '%pills%'", "route": "drop"}]}})
+    out = apply_fast_path(df, cfg).orderBy("event_id").collect()
+    assert [(r.route, r.priority) for r in out] == [("llm", "low"), ("drop", "normal")]
+    both = PipelineConfig.from_dict({"routing": {"enabled": True, "model_file": "x.json"},
+                                     "knowledge_base": {"enabled": True,
+                                                        "text_column": "subject"}})
+    with pytest.raises(PipelineConfigError, match="share one embedding"):
+        apply_fast_path(df, both)
