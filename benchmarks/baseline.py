@@ -71,7 +71,8 @@ class BlockingForeachBatch:
         self.state = BaselineState()
         self.store = AnswerStore(config.output.out_dir, key_columns=[])
         self._stop = threading.Event()
-        self._client = SidecarClient(config.sidecar.endpoint, timeout_s=config.sidecar.timeout_s)
+        self._client = SidecarClient(config.sidecar.endpoint, timeout_s=config.sidecar.timeout_s,
+                                     security=config.sidecar.security())
         self.query: StreamingQuery | None = None
 
     def start(self) -> StreamingQuery:

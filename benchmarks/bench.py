@@ -25,6 +25,7 @@ from benchmarks.cli_args import SCHEMES
 from benchmarks.generate import generate
 from benchmarks.profiles import TrafficProfile, load_profile
 from benchmarks.schemes import RunContext, run_scheme
+from sidecar import ConfigError
 from sidecar.contract import write_text_atomically
 from sts_harness.hops import format_hops
 
@@ -152,7 +153,8 @@ def run_bench(opts: BenchOptions) -> dict:
     """Run the benchmark; return (and write) the result document."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from benchmarks.plots import plot_bench
-    from sts_harness.process import SidecarProcess
+    from sidecar.contract import ClientSecurity
+    from sts_harness.process import SidecarProcess, write_token_file
 
     profile = load_profile(opts.profile)
     out = Path(opts.out).resolve()
@@ -160,8 +162,8 @@ def run_bench(opts: BenchOptions) -> dict:
     work = out / "work"
     if work.exists():
         if not (work / _WORK_MARKER).exists():
-            raise SystemExit(f"sts bench: {work} exists and was not made by sts bench; "
-                             "choose another --out")
+            raise ConfigError(f"{work} exists and was not made by sts bench; "
+                              "choose another folder (--out)")
         shutil.rmtree(work)  # an earlier run's scratch folder (it holds our marker)
     work.mkdir()
     (work / _WORK_MARKER).write_text("scratch folder of sts bench\n", encoding="utf-8")
@@ -178,9 +180,12 @@ def run_bench(opts: BenchOptions) -> dict:
     print(f"sts bench: profile {profile.name}, engine {opts.engine}, rates {rates}, "
           f"schemes {schemes}, {opts.duration_s:.0f} s each", flush=True)
     with contextlib.ExitStack() as stack:
+        token_file = write_token_file(work / "sidecar-token")  # as a deployment would run
         sidecar = stack.enter_context(SidecarProcess(
-            work / "results", _sidecar_args(opts), log_path=out / "sidecar.log",
-            stop_timeout_s=30))
+            work / "results",
+            [*_sidecar_args(opts), "--set", f"server.token_file={json.dumps(str(token_file))}"],
+            log_path=out / "sidecar.log", stop_timeout_s=30,
+            security=ClientSecurity(token_file=str(token_file))))
         assert sidecar.client is not None
         if any(s != "engine" for s in schemes):
             from spark_ext.session import session_scope
@@ -222,6 +227,6 @@ def run_bench_command(args: argparse.Namespace) -> int:
         sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed)
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
-        raise SystemExit(f"sts bench: unknown schemes {sorted(unknown)}; choose from {SCHEMES}")
+        raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")
     run_bench(opts)
     return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sidecar import ConfigError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``sts bench`` and ``sts plan`` to the ``sts`` parser."""
@@ -24,7 +26,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from benchmarks.bench import run_bench_command
     except ImportError as e:
         return _missing(e, "bench")
-    return run_bench_command(args)
+    try:
+        return run_bench_command(args)
+    except (FileNotFoundError, ValueError) as e:  # a profile or option that does not fit
+        raise ConfigError(f"{' '.join(str(e).split())} (sts bench)") from None
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -36,6 +41,6 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def _missing(e: ImportError, command: str) -> int:
-    print(f"sts {command}: needs module {e.name!r}; install the Spark side with: "
-          "pip install 'sts-spark[spark]'", file=sys.stderr)
+    print(f"sts: needs module {e.name!r}; install the Spark side with: "
+          f"pip install 'sts-spark[spark]' (sts {command})", file=sys.stderr)
     return 2

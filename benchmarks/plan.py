@@ -249,7 +249,7 @@ def run_plan(args: argparse.Namespace) -> int:
                       gpu_hour_price=args.gpu_hour_price,
                       api_price_per_mtok_in=args.api_price_in, peak_qps=args.peak_qps)
     except (FileNotFoundError, ValueError) as e:
-        print(f"sts plan: error: {e}", file=sys.stderr)
+        print(f"sts: {' '.join(str(e).split())} (sts plan)", file=sys.stderr)
         return 2
     print(json.dumps(dataclasses.asdict(result), indent=2) if args.json else format_plan(result))
     return 0

@@ -30,7 +30,13 @@ from benchmarks.generate import GeneratedRequest, events_for_spark
 from benchmarks.loadgen import send_on_schedule
 from benchmarks.profiles import TrafficProfile
 from sidecar.client import SidecarClient
-from sidecar.contract import PRIORITY_NAMES, now_ms, percentiles, write_text_atomically
+from sidecar.contract import (
+    PRIORITY_NAMES,
+    now_ms,
+    percentiles,
+    security_fields,
+    write_text_atomically,
+)
 from sts_harness.hops import hop_latencies
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer
 from sts_harness.result_check import read_results, results_by_id
@@ -212,7 +218,7 @@ def _pipeline_config(ctx: RunContext, run_dir: Path):
         "tagging": {"sla_ms": dict(ctx.profile.sla_ms), "max_tokens": cap,
                     "max_tokens_column": "max_tokens"},
         "sidecar": {"endpoint": ctx.client.target, "results_dir": str(ctx.results_dir),
-                    "timeout_s": 30.0},
+                    "timeout_s": 30.0, **security_fields(ctx.client.security)},
         "answers": {"grace_ms": 1000},
         "output": {"out_dir": str(run_dir / "tables"),
                    "checkpoint_dir": str(run_dir / "checkpoints"),

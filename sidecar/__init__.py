@@ -17,10 +17,14 @@ from sidecar.config import (
 # From sidecar.contract
 from sidecar.contract import RESULT_SCHEMA
 
+# From sidecar.exceptions
+from sidecar.exceptions import ConfigError, SidecarError
+
 # From sidecar.model_prep
 from sidecar.model_prep import prepare_default_model
 
 __all__ = [
+    "ConfigError",
     "EngineConfig",
     "RESULT_SCHEMA",
     "ResultChannelConfig",
@@ -28,6 +32,7 @@ __all__ = [
     "ServerConfig",
     "SidecarClient",
     "SidecarConfig",
+    "SidecarError",
     "prepare_default_model",
     "request_to_proto",
 ]

@@ -15,6 +15,7 @@ import logging
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,17 @@ def _providers() -> list[tuple[str, Callable[[], Register]]]:
     return [(spec, loader(spec)) for spec in _BUILTIN_PROVIDERS]
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line: ``sts: <what> (<command>)``,
+    exit code 2 (``--help`` still prints the full usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"sts: {message} ({self.prog})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``sts`` parser with the subcommands of every installed package."""
-    parser = argparse.ArgumentParser(prog="sts", description="sts-spark: LLM inference in streams")
+    parser = _Parser(prog="sts", description="sts-spark: LLM inference in streams")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, load in _providers():
@@ -54,14 +63,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``sts``; returns the exit code."""
+    """Entry point of ``sts``; returns the exit code.
+
+    A :class:`~sidecar.exceptions.ConfigError` (a wrong flag, file or setting) is
+    printed as one line ``sts: <what> (<where>)`` with exit code 2; any other
+    :class:`~sidecar.exceptions.SidecarError` (the engine failed to start or died, the
+    sidecar cannot be reached) as one line with exit code 1.
+    """
+    from sidecar.exceptions import ConfigError, SidecarError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"sts: {e}", file=sys.stderr)
+        return 2
+    except SidecarError as e:
+        print(f"sts: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sidecar.contract import ClientSecurity
 
 DEFAULT_CONFIG = Path("conf/sidecar.yaml")
 
@@ -41,21 +45,61 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="extra vLLM AsyncEngineArgs, e.g. --engine-arg max_num_seqs=4")
     p.add_argument("--log-requests", action="store_true", default=None,
                    help="log every request")
+    p.add_argument("--allow-insecure-remote", action="store_true", default=None,
+                   help="allow a non-loopback address without TLS or a token (labs only)")
     p.set_defaults(func=_run_sidecar)
 
     stats = sub.add_parser("sidecar-stats", help="print a sidecar's live figures")
-    stats.add_argument("--target", default="127.0.0.1:50051", help="sidecar address")
+    stats.add_argument("--target", default=None,
+                       help="sidecar address (default: server.listen of --config, else "
+                            "127.0.0.1:50051)")
+    stats.add_argument("--config", type=Path, default=None,
+                       help="the sidecar's YAML config: its address and token source "
+                            "(server.listen, server.token_file/token_env)")
     stats.add_argument("--json", action="store_true", help="print the raw GetStats answer")
+    _add_client_security_flags(stats)
     stats.set_defaults(func=_run_sidecar_stats)
+
+
+def _add_client_security_flags(p: argparse.ArgumentParser) -> None:
+    """Flags naming a client's credentials; the token itself is never a flag."""
+    p.add_argument("--tls-ca-file", help="PEM CA of the sidecar's certificate (use TLS)")
+    p.add_argument("--tls-cert-file", help="PEM client certificate (mutual TLS)")
+    p.add_argument("--tls-key-file", help="PEM client key (mutual TLS)")
+    p.add_argument("--tls-server-name", help="name the sidecar's certificate is for")
+    p.add_argument("--token-file", help="file holding the bearer token")
+    p.add_argument("--token-env", default="STS_SIDECAR_TOKEN",
+                   help="environment variable holding the bearer token, used when it is set "
+                        "(default STS_SIDECAR_TOKEN)")
+
+
+def client_security(args: argparse.Namespace) -> "ClientSecurity":
+    """The :class:`~sidecar.contract.ClientSecurity` the client flags describe."""
+    import os
+
+    from sidecar.contract import ClientSecurity
+    from sidecar.exceptions import ConfigError
+
+    token_env = args.token_env if args.token_env and (
+        os.environ.get(args.token_env) or args.token_env != "STS_SIDECAR_TOKEN") else None
+    try:
+        return ClientSecurity(tls_ca_file=args.tls_ca_file, tls_cert_file=args.tls_cert_file,
+                              tls_key_file=args.tls_key_file,
+                              tls_server_name=args.tls_server_name,
+                              token_file=args.token_file, token_env=token_env)
+    except ValueError as e:
+        raise ConfigError(f"{e} (flags)") from None
 
 
 def _parse_pairs(pairs: list[str], flag: str) -> dict:
     """``KEY=VALUE`` pairs; values are JSON when they parse, else strings."""
+    from sidecar.exceptions import ConfigError
+
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"{flag} expects KEY=VALUE, got {pair!r}")
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE, got {pair!r} ({flag})")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -74,11 +118,12 @@ def _run_sidecar(args: argparse.Namespace) -> int:
     import asyncio
 
     from sidecar.config import SidecarConfig
+    from sidecar.exceptions import ConfigError
     from sidecar.server import serve
 
     path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
     config = SidecarConfig.from_yaml(path) if path else SidecarConfig()
-    config = config.with_overrides({
+    flags = {
         "server.listen": args.listen,
         "server.sidecar_id": args.sidecar_id,
         "server.log_requests": args.log_requests,
@@ -89,24 +134,62 @@ def _run_sidecar(args: argparse.Namespace) -> int:
         "scheduler.drain_timeout_s": args.drain_timeout,
         "server.metrics_port": args.metrics_port,
         "server.metrics_addr": args.metrics_addr,
-    })
+        "server.allow_insecure_remote": args.allow_insecure_remote,
+    }
     try:
-        config = config.with_overrides(_parse_pairs(args.settings, "--set"))
-    except ValueError as e:
-        raise SystemExit(f"sts sidecar: {e}") from None
+        config = config.with_overrides(flags)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{' '.join(str(e).split())} (flags)") from None
+    settings = _parse_pairs(args.settings, "--set")
+    try:
+        config = config.with_overrides(settings)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{' '.join(str(e).split())} (--set)") from None
     if args.engine_arg:
         config.engine.engine_args.update(_parse_pairs(args.engine_arg, "--engine-arg"))
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except KeyboardInterrupt:  # a second Ctrl-C while draining
+        return 130
     return 0
 
 
 def _run_sidecar_stats(args: argparse.Namespace) -> int:
+    import os
+
+    import grpc
     from google.protobuf.json_format import MessageToDict
 
-    from sidecar.client import SidecarClient
+    from sidecar.client import SidecarClient, describe_rpc_error
+    from sidecar.exceptions import SidecarUnreachableError
     from sidecar.stats_report import format_stats
 
-    with SidecarClient(args.target) as client:
-        stats = client.stats()
+    if args.config is not None:
+        from sidecar.config import SidecarConfig
+
+        server = SidecarConfig.from_yaml(args.config).server
+        args.target = args.target or server.listen
+        if not args.token_file and not (args.token_env and os.environ.get(args.token_env)):
+            args.token_file, args.token_env = server.token_file, server.token_env
+    args.target = args.target or "127.0.0.1:50051"
+    with SidecarClient(args.target, security=_client_security_or_exit(args)) as client:
+        try:
+            stats = client.stats()
+        except grpc.RpcError as e:
+            raise SidecarUnreachableError(describe_rpc_error(e, args.target)) from None
     print(json.dumps(MessageToDict(stats), indent=2) if args.json else format_stats(stats))
     return 0
+
+
+def _client_security_or_exit(args: argparse.Namespace) -> "ClientSecurity":
+    """The flags' credentials, with the token and PEM files read now (one-line errors)."""
+    from sidecar.client import channel_credentials
+    from sidecar.exceptions import ConfigError
+
+    security = client_security(args)
+    try:
+        security.token()
+        channel_credentials(security)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return security

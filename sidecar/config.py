@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from sidecar.contract import PRIORITY_NAMES, as_dataclass, build_sections, read_yaml
+from sidecar.exceptions import ConfigError
 
 EngineKind = Literal["vllm", "simulated"]
 ResultChannelKind = Literal["files"]
@@ -225,6 +226,10 @@ class SchedulerConfig:
     drain_timeout_s: float = 60.0
     """On SIGTERM, how long in-flight and queued requests may run before they are aborted."""
 
+    engine_check_interval_s: float = 1.0
+    """How often a watchdog asks the engine whether it still serves (it is also asked
+    before every admitted batch). A dead engine turns the sidecar ``NOT_SERVING``."""
+
     def __post_init__(self) -> None:
         for name in ("max_in_flight", "max_tokens_cap", "max_prompt_tokens",
                      "max_prompt_chars", "dedupe_window"):
@@ -233,6 +238,8 @@ class SchedulerConfig:
                 raise ValueError(f"self.{name}={value!r} must be a positive integer")
         if self.drain_timeout_s < 0:
             raise ValueError(f"{self.drain_timeout_s=} must be >= 0")
+        if not 0 < self.engine_check_interval_s <= 60:
+            raise ValueError(f"{self.engine_check_interval_s=} must be in (0, 60]")
         if not 0 < self.deadline_slack <= 10:
             raise ValueError(f"{self.deadline_slack=} must be in (0, 10]")
         if unknown := set(self.pools) - set(PRIORITY_NAMES):
@@ -287,6 +294,16 @@ class ServerConfig:
     max_message_mb: int = 64
     """Largest gRPC message (a submitted batch), in MiB."""
 
+    max_inflight_rpc_mb: int = 256
+    """Most request bytes being parsed and handled at once, all calls together, in MiB;
+    a call that would pass it is answered ``RESOURCE_EXHAUSTED`` at once (parsed
+    requests take several times their wire size)."""
+
+    submit_yield_ms: float = 5.0
+    """Longest one ``SubmitBatch`` admits requests before it yields the event loop: a
+    100,000-request batch is admitted in steps, and health checks and other RPCs
+    answer in between."""
+
     shutdown_grace_s: float = 5.0
     """Grace period for open RPCs when the server stops."""
 
@@ -299,11 +316,126 @@ class ServerConfig:
     metrics_addr: str = "127.0.0.1"
     """Address of the metrics endpoint (``0.0.0.0`` to let a remote Prometheus scrape)."""
 
+    tls_cert_file: str | None = None
+    """PEM certificate chain of the server; with ``tls_key_file`` the port speaks TLS only."""
+
+    tls_key_file: str | None = None
+    """PEM private key of ``tls_cert_file``."""
+
+    tls_client_ca_file: str | None = None
+    """PEM CA bundle for client certificates: set it to require mutual TLS."""
+
+    token_file: str | None = None
+    """File holding the bearer token every RPC but health must carry
+    (``authorization: Bearer <token>``). Never on the command line."""
+
+    token_env: str | None = None
+    """Environment variable holding the bearer token (used when ``token_file`` is unset)."""
+
+    allow_insecure_remote: bool = False
+    """Allow a non-loopback TCP address without TLS or a token (labs only): anyone who
+    reaches the port can then use the GPU."""
+
+    socket_mode: int = 0o660
+    """Permissions of a unix socket (``0o660``: owner and group may connect). Its
+    directory is created ``0o750`` if missing and must be owned by the sidecar's user."""
+
+    engine_death_grace_s: float = 2.0
+    """After the engine died, how long the sidecar keeps answering (health
+    ``NOT_SERVING``, requests refused ``engine_unavailable``) before it exits non-zero."""
+
     def __post_init__(self) -> None:
         if self.sidecar_id is not None and (not self.sidecar_id or "/" in self.sidecar_id):
             raise ValueError(f"{self.sidecar_id=} must be non-empty and contain no '/'")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"{self.metrics_port=} must be a TCP port")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("server.tls_cert_file and server.tls_key_file go together "
+                             f"(got {self.tls_cert_file=}, {self.tls_key_file=})")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("server.tls_client_ca_file (mutual TLS) needs "
+                             "server.tls_cert_file and server.tls_key_file")
+        if isinstance(self.socket_mode, str):
+            try:
+                self.socket_mode = int(self.socket_mode, 8)
+            except ValueError:
+                raise ValueError(f"server.socket_mode={self.socket_mode!r} must be an octal "
+                                 "mode such as '0660'") from None
+        if (not isinstance(self.socket_mode, int) or isinstance(self.socket_mode, bool)
+                or not 0 <= self.socket_mode <= 0o777):
+            raise ValueError(f"server.socket_mode={self.socket_mode!r} must be a mode in "
+                             "0..0o777")
+        if self.socket_mode & 0o007 and not self.allow_insecure_remote:
+            raise ValueError(f"server.socket_mode={oct(self.socket_mode)} lets every local "
+                             "user connect; use 0o660 or stricter (or allow_insecure_remote)")
+        if not 0 < self.submit_yield_ms <= 1000:
+            raise ValueError(f"server.submit_yield_ms={self.submit_yield_ms!r} must be in "
+                             "(0, 1000]")
+        for name in ("max_message_mb", "max_inflight_rpc_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"server.{name}={value!r} must be a positive integer")
+        if self.engine_death_grace_s < 0:
+            raise ValueError(f"{self.engine_death_grace_s=} must be >= 0")
+
+
+def _default_warmup_prompts() -> list[str]:
+    return ["Hello!", "Reply in one short sentence: my order has not arrived yet."]
+
+
+@dataclass
+class WarmupConfig:
+    """Warm-up generations run after the engine loaded and before health says ``SERVING``."""
+
+    enabled: bool = True
+    """Run the warm-up at all."""
+
+    prompts: list[str] = field(default_factory=_default_warmup_prompts)
+    """Short user messages (each goes through the chat template, like real prompts)."""
+
+    stable_prefixes: list[str] = field(default_factory=list)
+    """The stable prompt prefixes real requests will start with (e.g. the pipeline's
+    ``template.stable``); each is sent followed by every prompt, to fill the prefix cache."""
+
+    max_tokens: int = 8
+    """Output tokens of each warm-up generation."""
+
+    rounds: int = 2
+    """Times each prompt is sent (one round after the other)."""
+
+    timeout_s: float = 300.0
+    """Longest the warm-up may take; past it, start-up fails."""
+
+    calibrate: bool = True
+    """After the warm-up, time one generation alone and ``scheduler.max_in_flight``
+    together, to seed the service model (deadline-aware admission is informed from the
+    first request)."""
+
+    calibration_tokens: int = 16
+    """Output tokens of each calibration generation."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "rounds", "calibration_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"warmup.{name}={value!r} must be a positive integer")
+        for name in ("prompts", "stable_prefixes"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+                raise ValueError(f"warmup.{name} must be a list of strings, got {value!r}")
+        if not 0 < self.timeout_s <= 3600:
+            raise ValueError(f"warmup.timeout_s={self.timeout_s!r} must be in (0, 3600]")
+
+    def texts(self) -> list[str]:
+        """The prompt texts of one round.
+
+        Example:
+            >>> WarmupConfig(prompts=["Hi"], stable_prefixes=["You are helpful."]).texts()
+            ['Hi', 'You are helpful.\\nHi']
+        """
+        prompts = self.prompts or ["Hello!"]
+        return [*prompts, *(f"{prefix}\n{p}" for prefix in self.stable_prefixes
+                            for p in prompts)]
 
 
 @dataclass
@@ -314,6 +446,7 @@ class SidecarConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     results: ResultChannelConfig = field(default_factory=ResultChannelConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SidecarConfig":
@@ -322,8 +455,24 @@ class SidecarConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "SidecarConfig":
-        """Read a YAML file such as ``conf/sidecar.yaml``."""
-        return cls.from_dict(read_yaml(path))
+        """Read a YAML file such as ``conf/sidecar.yaml``.
+
+        Raises:
+            ConfigError: one line naming the problem and the file (missing file,
+                malformed YAML, unknown section or key, bad value).
+
+        Example:
+            >>> SidecarConfig.from_yaml("/no/such/sidecar.yaml")
+            Traceback (most recent call last):
+            ...
+            sidecar.exceptions.ConfigError: config file not found (/no/such/sidecar.yaml)
+        """
+        try:
+            return cls.from_dict(read_yaml(path))
+        except (ValueError, TypeError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(_with_where(e, str(path))) from None
 
     def with_overrides(self, overrides: dict[str, Any]) -> "SidecarConfig":
         """Return a copy with dotted keys replaced (``{"server.listen": "...",
@@ -352,7 +501,14 @@ _SECTION_TYPES: dict[str, type] = {
     "engine": EngineConfig,
     "scheduler": SchedulerConfig,
     "results": ResultChannelConfig,
+    "warmup": WarmupConfig,
 }
+
+
+def _with_where(error: Exception, where: str) -> str:
+    """``error`` as one line ending ``(<where>)`` (unless it names a place already)."""
+    text = " ".join(str(error).split())
+    return text if text.endswith(")") and where in text else f"{text} ({where})"
 
 
 def default_cache_dir() -> Path:

@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import collections
 import math
+import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sidecar.contract import Priority
 
@@ -47,6 +50,25 @@ class _Ewma:
 
     def get(self, default: float) -> float:
         return default if self.value is None else self.value
+
+
+class _RecentMedian:
+    """The median of the last ``size`` observations: one slow outlier (a cold start, a
+    CPU hiccup) moves it little, a change of regime moves it within ``size / 2``."""
+
+    def __init__(self, size: int) -> None:
+        self._values: collections.deque[float] = collections.deque(maxlen=size)
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median(self._values) if self._values else None
+
+    def update(self, x: float) -> None:
+        self._values.append(x)
+
+    def get(self, default: float) -> float:
+        v = self.value
+        return default if v is None else v
 
 
 @dataclass
@@ -68,16 +90,25 @@ class _PoolEstimate:
 class BatchSpeedModel:
     """Seconds per output token of one sequence as a function of the batch size.
 
-    ``tpot(b) = base + per_seq x b``, fitted by exponentially weighted least squares
-    over the observed ``(batch, tpot)`` pairs. Until the observed batch sizes spread
-    over at least ``min_spread`` sequences, the line goes through the mean observation
-    with the prior shape ``per_seq = prior_per_seq x base`` (measured on vLLM on CPU:
-    ~50 ms at batch 1, ~84 ms at batch 8, so ``per_seq`` ~ 0.1 x ``base``).
+    A table: per batch size (rounded to whole sequences) the median of the last
+    ``window`` observed ``tpot`` values. A size never observed is interpolated between
+    the nearest observed sizes below and above it; beyond the observed range the line
+    is extended with the slope fitted over the observed sizes (least squares, when
+    they spread over at least ``min_spread`` sequences and the slope is positive) or
+    else with the prior shape ``per_seq = prior_per_seq x base`` (vLLM on CPU here:
+    ~58 ms at batch 1, ~97 ms at batch 8 on an idle machine, so ``per_seq`` ~ 0.1 x
+    ``base``; under CPU contention the slope is steeper and is then learnt).
+
+    A table remembers what each batch size costs: the small batches seen at start-up
+    or while a high-priority request ran alone keep their figure while the engine
+    spends minutes at its full batch, so the estimate of a shrunk batch stays measured,
+    not assumed.
 
     Args:
-        alpha: Weight of each new observation.
+        window: Observations kept per batch size.
         prior_per_seq: The prior relative cost of one more sequence.
-        min_spread: Standard deviation of observed batch sizes needed to fit a slope.
+        min_spread: Distance between the smallest and largest observed batch sizes
+            needed to fit a slope.
 
     Example:
         >>> m = BatchSpeedModel()
@@ -85,45 +116,72 @@ class BatchSpeedModel:
         ...     m.observe(b, t)
         >>> round(m.tpot(1), 3), round(m.tpot(8), 3), round(m.tpot(4), 3)
         (0.05, 0.084, 0.065)
+        >>> round(m.tpot(16), 3)  # the fitted slope beyond the observed range
+        0.123
     """
 
-    def __init__(self, alpha: float = 0.05, prior_per_seq: float = 0.1,
-                 min_spread: float = 1.0) -> None:
-        self.alpha = alpha
+    def __init__(self, window: int = 16, prior_per_seq: float = 0.1,
+                 min_spread: float = 2.0) -> None:
+        self.window = window
         self.prior_per_seq = prior_per_seq
         self.min_spread = min_spread
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._by_size: dict[int, _RecentMedian] = {}
+        self._sizes: list[int] = []
 
     @property
     def known(self) -> bool:
-        return self._w > 0.0
+        return bool(self._sizes)
 
     def observe(self, batch: float, tpot_s: float) -> None:
+        """One request decoded at a mean of ``batch`` sequences, ``tpot_s`` per token."""
         if not (batch >= 1.0 and tpot_s > 0.0 and math.isfinite(tpot_s)):
             return
-        keep = 1.0 - self.alpha
-        self._w = self._w * keep + 1.0
-        self._x = self._x * keep + batch
-        self._y = self._y * keep + tpot_s
-        self._xx = self._xx * keep + batch * batch
-        self._xy = self._xy * keep + batch * tpot_s
+        size = max(1, round(batch))
+        if (avg := self._by_size.get(size)) is None:
+            avg = self._by_size[size] = _RecentMedian(self.window)
+            self._sizes = sorted(self._by_size)
+        avg.update(tpot_s)
+
+    def _value(self, size: int) -> float:
+        return self._by_size[size].get(0.0)
+
+    def _slope(self) -> float | None:
+        """Least-squares slope over the observed sizes, when they spread enough and it
+        is positive."""
+        sizes = self._sizes
+        if sizes[-1] - sizes[0] < self.min_spread:
+            return None
+        mx = sum(sizes) / len(sizes)
+        my = sum(self._value(s) for s in sizes) / len(sizes)
+        var = sum((s - mx) ** 2 for s in sizes)
+        slope = sum((s - mx) * (self._value(s) - my) for s in sizes) / var
+        return slope if slope > 0.0 else None
+
+    def _prior_slope(self, size: int) -> float:
+        """The prior shape's slope through the observation at ``size``."""
+        return self.prior_per_seq * self._value(size) / (1.0 + self.prior_per_seq * size)
 
     def tpot(self, batch: float) -> float:
         """Expected seconds per token at ``batch`` sequences (0.0 before any observation)."""
-        if not self.known:
+        sizes = self._sizes
+        if not sizes:
             return 0.0
-        mx, my = self._x / self._w, self._y / self._w
-        var = max(self._xx / self._w - mx * mx, 0.0)
-        slope = None
-        if var >= self.min_spread ** 2:
-            slope = (self._xy / self._w - mx * my) / var
-            base = my - slope * mx
-            if slope < 0.0 or base <= 0.0:  # noise; keep the prior shape
-                slope = None
-        if slope is None:
-            base = my / (1.0 + self.prior_per_seq * mx)
-            slope = self.prior_per_seq * base
-        return base + slope * max(batch, 1.0)
+        b = max(batch, 1.0)
+        lo, hi = sizes[0], sizes[-1]
+        if b < lo or b > hi:
+            edge = lo if b < lo else hi
+            slope = self._slope()
+            if slope is None:
+                slope = self._prior_slope(edge)
+            value = self._value(edge) + slope * (b - edge)
+            # Never below the prior's cost of a lone sequence at that edge.
+            return max(value, self._value(edge) / (1.0 + self.prior_per_seq * edge))
+        below = max(s for s in sizes if s <= b)
+        above = min(s for s in sizes if s >= b)
+        if below == above:
+            return self._value(below)
+        w = (b - below) / (above - below)
+        return self._value(below) * (1.0 - w) + self._value(above) * w
 
     def ratio(self, batch: float, observed_at: float) -> float:
         """How much slower a token is at ``batch`` than at ``observed_at`` sequences."""
@@ -152,6 +210,8 @@ class ServiceRateEstimator:
         self._pools = {p: _PoolEstimate(alpha) for p in Priority}
         self._all_tpot = _Ewma(alpha)
         self._all_ttft = _Ewma(alpha)
+        self._ttft_pairs: collections.deque[tuple[float, float]] = collections.deque(maxlen=32)
+        """Recent (ttft, batch it was observed at) pairs, engine-wide."""
         self.speed = BatchSpeedModel()
         self._finishes: collections.deque[float] = collections.deque()
         self._first_event: float | None = None
@@ -165,13 +225,17 @@ class ServiceRateEstimator:
         self._record(self._pools[priority].dispatches, now)
 
     def observe_finish(self, priority: Priority, *, ttft_s: float | None, tpot_s: float | None,
-                       output_tokens: int, max_tokens: int, batch: float | None = None) -> None:
+                       output_tokens: int, max_tokens: int, batch: float | None = None,
+                       ttft_batch: float | None = None) -> None:
         """A request finished in the engine (``ok``, or aborted at its deadline); ``batch``
-        is the mean number of sequences in the engine while it decoded."""
+        is the mean number of sequences in the engine while it decoded, ``ttft_batch``
+        the number it joined (itself included) when it was dispatched."""
         pool = self._pools[priority]
         if ttft_s is not None:
             pool.ttft_s.update(ttft_s)
             self._all_ttft.update(ttft_s)
+            if ttft_batch is not None:
+                self._ttft_pairs.append((ttft_s, ttft_batch))
         if tpot_s is not None:
             pool.tpot_s.update(tpot_s)
             self._all_tpot.update(tpot_s)
@@ -181,6 +245,17 @@ class ServiceRateEstimator:
         if max_tokens > 0 and output_tokens > 0:
             pool.output_ratio.update(min(1.0, output_tokens / max_tokens))
         self._record(self._finishes, self.clock())
+
+    def calibrate(self, samples: Iterable[Any]) -> None:
+        """Seed the engine-wide figures with measured generations (objects with
+        ``batch``, ``ttft_s``, ``tpot_s``; see :func:`sidecar.warmup.calibrate`). No pool's
+        own figures change: how long a pool's answers are is learnt from its requests."""
+        for s in samples:
+            self._all_ttft.update(s.ttft_s)
+            self._ttft_pairs.append((s.ttft_s, float(s.batch)))
+            if s.tpot_s is not None:
+                self._all_tpot.update(s.tpot_s)
+                self.speed.observe(s.batch, s.tpot_s)
 
     # -------------------------------------------------------------- estimates
 
@@ -210,20 +285,26 @@ class ServiceRateEstimator:
         """Whether any request has finished yet (before that, every estimate is 0 wait)."""
         return self._all_tpot.value is not None or self._all_ttft.value is not None
 
-    def ttft_s(self, priority: Priority) -> float:
+    def ttft_s(self, priority: Priority, batch: float | None = None) -> float:
+        """Seconds from dispatch to the first token. At ``batch`` sequences when given:
+        the median of the recent engine-wide observations (every pool's requests keep it
+        fresh, a pool that was refused for a while does not), each scaled by
+        :class:`BatchSpeedModel` from the batch it was observed at (a prefill shares its
+        steps with the decodes)."""
+        if batch is not None and self.speed.known and self._ttft_pairs:
+            return statistics.median(t * self.speed.ratio(batch, b) for t, b in self._ttft_pairs)
         return self._pools[priority].ttft_s.get(self._all_ttft.get(0.0))
 
     def tpot_s(self, priority: Priority, batch: float | None = None) -> float:
         """Seconds per output token of the pool's requests; at ``batch`` sequences when
-        given (the pool's observed figure scaled by :class:`BatchSpeedModel`)."""
+        given: the engine's speed at that batch (:class:`BatchSpeedModel`; a decode step
+        costs the same whichever pool its sequences came from)."""
         pool = self._pools[priority]
         if batch is None:
             return pool.tpot_s.get(self._all_tpot.get(0.0))
-        if pool.tpot_s.value is not None and pool.batch.value is not None:
-            return pool.tpot_s.value * self.speed.ratio(batch, pool.batch.value)
-        if self.speed.known:  # the pool has no decode history: all pools' speed model
+        if self.speed.known:
             return self.speed.tpot(batch)
-        return self._all_tpot.get(0.0)
+        return pool.tpot_s.get(self._all_tpot.get(0.0))
 
     def expected_output_tokens(self, priority: Priority, max_tokens: int) -> float:
         return max_tokens * self._pools[priority].output_ratio.get(1.0)
@@ -233,7 +314,8 @@ class ServiceRateEstimator:
         """Expected seconds from dispatch to the last token (at ``batch`` sequences when
         given, else at the batch sizes the pool has seen)."""
         tokens = self.expected_output_tokens(priority, max_tokens)
-        return self.ttft_s(priority) + max(tokens - 1.0, 0.0) * self.tpot_s(priority, batch)
+        return (self.ttft_s(priority, batch)
+                + max(tokens - 1.0, 0.0) * self.tpot_s(priority, batch))
 
     def completions_per_s(self) -> float:
         """Requests leaving the engine per second over the recent window."""

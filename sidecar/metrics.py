@@ -21,9 +21,9 @@ Names follow Prometheus conventions: ``sts_sidecar_`` prefix, base units
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -123,6 +123,21 @@ class _LiveCollector(Collector):
         yield err
 
 
+class _RefusedCallsCollector(Collector):
+    """Calls refused by the interceptors, by reason (plain ints read at scrape time)."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(f"{_PREFIX}_rpc_refused",
+                                     "RPCs refused before admission, by reason.",
+                                     labels=["reason"])
+        for reason, value in sorted(self.counts().items()):
+            family.add_metric([reason], float(value))
+        yield family
+
+
 class SidecarMetrics:
     """The sidecar's metrics registry.
 
@@ -158,6 +173,14 @@ class SidecarMetrics:
             f"{_PREFIX}_request_latency_seconds",
             "Receive to terminal result, every status.", ["priority", "status"],
             buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.warmup_seconds = Gauge(
+            f"{_PREFIX}_warmup_seconds",
+            "Duration of the warm-up generations run before SERVING (0: no warm-up).",
+            registry=self.registry)
+        self.engine_up = Gauge(
+            f"{_PREFIX}_engine_up", "1 while the engine serves, 0 once it died.",
+            registry=self.registry)
+        self.engine_up.set_function(lambda: 0.0 if scheduler.engine_error else 1.0)
         self.registry.register(_LiveCollector(scheduler, loop))
         self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
         """Labelled results counter and latency histogram per (priority, status, reason):
@@ -187,6 +210,19 @@ class SidecarMetrics:
                 tpot = self._tpot_children[priority] = self.tpot.labels(priority)
             tpot.observe(record.tpot_ms / 1000.0)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Expose ``/metrics`` on ``addr:port`` from a daemon thread."""
-        start_http_server(port, addr=addr, registry=self.registry)
+    def count_refused_calls(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Export ``sts_sidecar_rpc_refused_total{reason}``: whole calls refused before
+        admission (``unauthenticated``: no or a wrong token; ``resource_exhausted``: the
+        in-flight byte cap), read from ``counts()`` at scrape time."""
+        self.registry.register(_RefusedCallsCollector(counts))
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+        """Expose ``/metrics`` on ``addr:port`` from a daemon thread; returns a
+        function that stops it."""
+        httpd, _ = start_http_server(port, addr=addr, registry=self.registry)
+
+        def stop() -> None:
+            httpd.shutdown()
+            httpd.server_close()
+
+        return stop

@@ -120,7 +120,7 @@ class Scheduler:
         self._expiring: set[str] = set()
         """Running requests cancelled at their deadline (``abort`` pools) whose task has
         not ended yet."""
-        self._seen = DedupeWindow(config.dedupe_window)
+        self._seen = DedupeWindow(config.dedupe_window, self._fallback_text)
         self._preemptions: dict[str, int] = {}
         """Times each request still alive was preempted."""
         self._preempting: set[str] = set()
@@ -134,15 +134,29 @@ class Scheduler:
         self._idle = asyncio.Event()
         self._idle.set()
         self._dispatcher: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self.draining = False
+        self.engine_error: str | None = None
+        """Why the engine can no longer serve (``None`` while it is healthy)."""
+        self.engine_dead = asyncio.Event()
+        """Set once the engine failed: the server turns ``NOT_SERVING`` and exits."""
         self.counters = SchedulerCounters()
 
     # ------------------------------------------------------------------ admission
 
     def start(self) -> None:
         """Start the dispatch loop (inside the event loop)."""
-        if self._dispatcher is None:
+        if self._dispatcher is None and self.engine_error is None:
             self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="dispatch")
+        if self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch_engine(), name="engine-watchdog")
+
+    async def _watch_engine(self) -> None:
+        """Ask the engine whether it still serves, every ``engine_check_interval_s``."""
+        while self.engine_error is None:
+            await asyncio.sleep(self.config.engine_check_interval_s)
+            if (why := self.engine.failure()) is not None:
+                self.engine_failed(why)
 
     def submit_batch(self, requests: list[SidecarRequest]) -> list[Ack]:
         """Admit or refuse each request; one ack each, in order. Never waits."""
@@ -152,6 +166,8 @@ class Scheduler:
         model_names = frozenset({self.engine.model_name})
         batch_ids: set[str] = set()
         repeats_in_batch: list[int] = []
+        if self.engine_error is None and (why := self.engine.failure()) is not None:
+            self.engine_failed(why)
         for i, req in enumerate(requests):
             self.counters.submitted += 1
             req.received_ts = now
@@ -167,6 +183,10 @@ class Scheduler:
                 continue
             batch_ids.add(req.request_id)
             req.model = req.model or self.engine.model_name
+            if self.engine_error is not None:
+                acks[i] = self._refuse(req, Refusal(RefusalReason.ENGINE_UNAVAILABLE,
+                                                    f"engine unavailable: {self.engine_error}"))
+                continue
             if self.draining:
                 acks[i] = self._refuse(req, Refusal(RefusalReason.DRAINING,
                                                     "sidecar is shutting down"))
@@ -244,7 +264,8 @@ class Scheduler:
     def _refuse(self, req: SidecarRequest, refusal: Refusal) -> Ack:
         self._shed(req, refusal)
         return self._seen.remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
-                                  received_ts=req.received_ts, fallback_text=req.fallback_text))
+                                       received_ts=req.received_ts,
+                                       fallback_text=req.fallback_text), req.priority)
 
     def _enqueue(self, req: SidecarRequest) -> Ack:
         assert req.priority is not None
@@ -261,7 +282,8 @@ class Scheduler:
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts))
+        ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts),
+                                  req.priority)
         self._wait_estimates[req.request_id] = (self.load.last_wait_s, time.monotonic())
         self._shed_over_watermarks()
         return ack
@@ -430,6 +452,10 @@ class Scheduler:
         """A preempted request goes back to the front of its pool's queue, with its
         deadline; its partial output is dropped and it starts from scratch later."""
         assert req.priority is not None
+        if self.engine_error is not None:
+            req.error = f"preempted, then the engine died: {self.engine_error}"
+            self._finish(req, RequestStatus.FINISHED_ERROR, FinishReason.ERROR)
+            return
         if self._dispatcher is None:  # shutting down: nothing will start it again
             req.error = "preempted, then aborted by sidecar shutdown"
             self._finish(req, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
@@ -464,6 +490,7 @@ class Scheduler:
             if pool.config.on_deadline == "finish_and_backfill" else self._deadline_abort, req)
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
+        area_at_start = self._batch_area()
         first_token_at = last_token_at = None
         area_at_first = 0.0
         preempted = False
@@ -489,6 +516,11 @@ class Scheduler:
         except asyncio.CancelledError:
             if rid in self._preempting and status is RequestStatus.FINISHED_ERROR:
                 preempted = True  # requeued below; the cancel was ours
+            elif self.engine_error is not None:
+                # engine_failed cancelled it: one error row, not an abort.
+                req.error = f"engine died: {self.engine_error}"
+                if _uncancel_current() > 0:
+                    raise  # cancelled by someone else too (shutdown)
             elif rid in self._expiring and _uncancel_current() == 0:
                 # Our deadline cancel and nobody else's (asyncio.timeout's rule).
                 status, finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
@@ -500,6 +532,7 @@ class Scheduler:
         except EngineDeadError as e:
             req.error = f"engine died: {e}"
             logger.error("Engine died while serving %s: %s", req.request_id, e)
+            self.engine_failed(str(e))
         except Exception as e:  # one request's failure is data, not a crash
             req.error = f"{type(e).__name__}: {e}"
             logger.exception("Request %s failed in the engine.", req.request_id)
@@ -528,6 +561,8 @@ class Scheduler:
                     req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
                     output_tokens=req.output_tokens if completed else 0,
                     max_tokens=req.max_tokens,
+                    ttft_batch=self._mean_batch(area_at_start, area_at_first,
+                                                first_token_at - started),
                     batch=self._mean_batch(area_at_first, area_at_last,
                                            last_token_at - first_token_at
                                            if last_token_at is not None else 0.0))
@@ -658,6 +693,34 @@ class Scheduler:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def engine_failed(self, why: str) -> None:
+        """The engine can no longer serve: refuse new work (``engine_unavailable``),
+        end every queued and running request ``error`` (one row each), drop late work
+        (no late row) and set :attr:`engine_dead`. Idempotent."""
+        if self.engine_error is not None:
+            return
+        self.engine_error = why or "engine failed"
+        logger.error("Engine failed (%s): refusing new requests, failing %d running and "
+                     "%d queued.", self.engine_error, len(self._tasks), self.load.total_queued())
+        self.engine_dead.set()
+        if task := self._dispatcher:
+            self._dispatcher = None
+            task.cancel()
+        for req, _ in list(self._late.values()):
+            self._abort_late(req, "the engine died")
+        for pool in self.pools.values():
+            while pool.queue:
+                req = pool.queue.popleft()
+                if req.status is RequestStatus.QUEUED:
+                    self._leave_queue(req)
+                    req.error = f"engine died while queued: {self.engine_error}"
+                    self._finish(req, RequestStatus.FINISHED_ERROR, FinishReason.ERROR)
+        current = asyncio.current_task()
+        for task in list(self._tasks.values()):
+            if task is not current:
+                task.cancel()
+        self._update_idle()
+
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests, let queued and running ones finish (or hit their
         deadlines) for up to ``timeout_s``, then abort what is left."""
@@ -674,10 +737,11 @@ class Scheduler:
 
     async def abort_all(self) -> None:
         """Abort every queued and running request (each gets an ``error`` result)."""
-        if task := self._dispatcher:
-            self._dispatcher = None
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        for task in (self._dispatcher, self._watchdog):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._dispatcher = self._watchdog = None
         for pool in self.pools.values():
             while pool.queue:
                 req = pool.queue.popleft()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
 
 from sidecar.admission import Ack
 from sidecar.contract import FinishReason, Priority, RefusalReason, Status
+from sidecar.exceptions import EngineDeadError
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 from sidecar.request_state import ResultRecord, SidecarRequest
@@ -134,22 +136,47 @@ def _ack_as_result(ack: Ack, msg: pb.InferenceRequest, sidecar_id: str) -> pb.Re
                      submit_ts=msg.submit_ts)
 
 
+#: Requests admitted per step of a big ``SubmitBatch`` (between checks of the clock).
+_SLICE = 64
+
+
 class InferenceServicer(pb_grpc.InferenceServicer):
     """Implements ``sts.v1.Inference`` on top of a :class:`Scheduler`."""
 
-    def __init__(self, scheduler: Scheduler, *, engine_kind: str, started_at: float) -> None:
+    def __init__(self, scheduler: Scheduler, *, engine_kind: str, started_at: float,
+                 submit_yield_ms: float = 5.0) -> None:
         self.scheduler = scheduler
         self.engine_kind = engine_kind
         self.started_at = started_at
+        self.submit_yield_s = submit_yield_ms / 1000.0
+        """Longest a ``SubmitBatch`` admits requests before it lets other RPCs (health) run."""
 
     async def SubmitBatch(self, request: pb.SubmitBatchRequest,
                           context: grpc.aio.ServicerContext) -> pb.SubmitBatchResponse:
-        acks = self.scheduler.submit_batch([request_from_proto(r) for r in request.requests])
-        return submit_batch_response(acks, self.scheduler.sidecar_id)
+        msgs = request.requests
+        if len(msgs) <= _SLICE:
+            acks = self.scheduler.submit_batch([request_from_proto(r) for r in msgs])
+            return submit_batch_response(acks, self.scheduler.sidecar_id)
+        response = pb.SubmitBatchResponse(sidecar_id=self.scheduler.sidecar_id)
+        add = response.acks.add
+        clock = time.perf_counter
+        since = clock()
+        for start in range(0, len(msgs), _SLICE):
+            if clock() - since >= self.submit_yield_s:
+                # A big batch never holds the loop for long. A real sleep, not sleep(0):
+                # an RPC needs several loop turns, and gRPC's poller must get the GIL.
+                await asyncio.sleep(0.001)
+                since = clock()
+            for ack in self.scheduler.submit_batch(
+                    [request_from_proto(r) for r in msgs[start:start + _SLICE]]):
+                add(**_ack_fields(ack))
+        return response
 
     async def Generate(self, request: pb.InferenceRequest,
                        context: grpc.aio.ServicerContext) -> pb.Result:
         outcome = await self.scheduler.generate(request_from_proto(request))
+        if self.scheduler.engine_error is not None:  # its row says error / engine_unavailable
+            raise EngineDeadError(self.scheduler.engine_error)
         if isinstance(outcome, Ack):
             return _ack_as_result(outcome, request, self.scheduler.sidecar_id)
         return result_to_proto(outcome)

@@ -20,7 +20,7 @@ to ``backfill`` (:class:`spark_ext.answer_store.AnswerStore`).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -150,7 +150,7 @@ def answers_from_refusals(acks: pa.Table, *, key_columns: list[str], fallback_te
 
 #: Refusal reasons (as ack strings) that mean "shed under load", not "invalid".
 _SHED_REASONS = frozenset({"queue_full", "deadline_infeasible", "draining", "overloaded",
-                           "queue_delay_exceeded"})
+                           "queue_delay_exceeded", "engine_unavailable"})
 
 
 def answers_for_lost(pending: Iterable[Mapping], *, key_columns: list[str], fallback_text: str
@@ -169,3 +169,58 @@ def answers_for_lost(pending: Iterable[Mapping], *, key_columns: list[str], fall
         row.update({k: p.get(k) for k in key_columns if k not in row})
         out.append(row)
     return out
+
+
+#: Columns of the ``review_queue`` table (plus the key columns), besides ``enqueue_hour``.
+REVIEW_SCHEMA = pa.schema([
+    ("request_id", pa.string()), ("trace_id", pa.string()), ("priority", pa.string()),
+    ("rule", pa.string()), ("model_text", pa.string()), ("fallback_text", pa.string()),
+    ("enqueue_ts", pa.int64()), ("finish_ts", pa.int64()), ("flagged_ts", pa.int64()),
+])
+
+
+def invalid_results(results: pa.Table, check: Callable[[str | None], str | None]
+                    ) -> dict[str, str]:
+    """``request_id`` -> the rule its ``ok`` text breaks, for the rows that break one."""
+    out = {}
+    ok = results.filter(pc.equal(results.column("status"), "ok"))
+    for rid, text in zip(ok.column("request_id").to_pylist(), ok.column("text").to_pylist()):
+        if (rule := check(text)) is not None:
+            out[rid] = rule
+    return out
+
+
+def reject_invalid(answers: list[dict], invalid: Mapping[str, str], fallback_text: str
+                   ) -> list[dict]:
+    """``answers`` with every ``llm`` answer whose id is in ``invalid`` replaced by the
+    fallback (``status = invalid``, ``reason`` = the rule)."""
+    out = []
+    for row in answers:
+        rule = invalid.get(row["request_id"])
+        if rule is not None and row["answer_source"] == "llm":
+            row = dict(row, answer=fallback_text, answer_source="fallback", status="invalid",
+                       reason=rule, fallback_text=fallback_text)
+        out.append(row)
+    return out
+
+
+def review_rows(results: pa.Table, invalid: Mapping[str, str], *, key_columns: list[str],
+                fallback_text: str, now_ms: int) -> pa.Table:
+    """One ``review_queue`` row per invalid ``ok`` result: the model's text for a person."""
+    rows = []
+    for r in results.filter(pc.equal(results.column("status"), "ok")).to_pylist():
+        if (rule := invalid.get(r["request_id"])) is None:
+            continue
+        attrs = dict(r.get("attributes") or {})
+        row = {"request_id": r["request_id"], "trace_id": r.get("trace_id"),
+               "priority": r.get("priority"), "rule": rule, "model_text": r.get("text"),
+               "fallback_text": _fallback_text(r.get("fallback_text"), fallback_text),
+               "enqueue_ts": r.get("enqueue_ts"), "finish_ts": r.get("finish_ts"),
+               "flagged_ts": now_ms}
+        row.update({k: attrs.get(k) for k in key_columns if k not in row})
+        rows.append(row)
+    schema = REVIEW_SCHEMA
+    for k in key_columns:
+        if k not in schema.names:
+            schema = schema.append(pa.field(k, pa.string()))
+    return pa.Table.from_pylist(rows, schema=schema)

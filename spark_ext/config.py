@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from sidecar.contract import PRIORITY_NAMES, build_sections, read_yaml
+from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError
+from spark_ext.validation import ValidationConfig
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
+SidecarLaunch = Literal["none", "lazy"]
 
 
 @dataclass
@@ -105,6 +107,84 @@ class SidecarEndpointConfig:
 
     results_dir: str = "./sts-demo/results"
     """The sidecar's result landing directory."""
+
+    check_at_start: bool = True
+    """Before the queries start, ask from Python tasks on the executors whether their
+    sidecar serves (logged; an unreachable one is a warning, its requests get the
+    fallback). It also starts the Python workers submission reuses, so the first
+    micro-batch does not pay for them."""
+
+    tls_ca_file: str | None = None
+    """PEM CA of the sidecar's certificate: set it when the sidecar speaks TLS. The
+    files must exist at the same path on every executor."""
+
+    tls_cert_file: str | None = None
+    """PEM client certificate, when the sidecar requires mutual TLS."""
+
+    tls_key_file: str | None = None
+    """PEM private key of ``tls_cert_file``."""
+
+    tls_server_name: str | None = None
+    """Name the sidecar's certificate is for, when it differs from the endpoint's host."""
+
+    token_file: str | None = None
+    """File holding the sidecar's bearer token (on every executor)."""
+
+    token_env: str | None = None
+    """Environment variable holding the bearer token (set it on executors, e.g.
+    ``spark.executorEnv.STS_SIDECAR_TOKEN``); used when ``token_file`` is unset."""
+
+    launch: SidecarLaunch = "none"
+    """Who starts the sidecars. ``none``: they already run (started by the cluster, see
+    ``conf/cluster/``, or by you). ``lazy``: a task whose sidecar does not serve starts
+    it (``sts sidecar --listen <its endpoint>``, ``CUDA_VISIBLE_DEVICES`` = its GPU)
+    under a file lock per GPU in ``run_dir``, so one starts per GPU; later tasks reuse
+    it. A lazily started sidecar outlives the executor (the next one reuses it)."""
+
+    launch_args: list[str] = field(default_factory=list)
+    """Extra ``sts sidecar`` arguments of lazily started sidecars, e.g.
+    ``["--config", "/dbfs/sts/sidecar.yaml"]`` or ``["--engine", "simulated"]``
+    (``--listen``, ``--results-dir`` and ``--sidecar-id`` are set by the launcher)."""
+
+    run_dir: str = "/tmp/sts"
+    """Node-local folder of lazily started sidecars: ``sts-gpu{N}.lock``, ``.pid`` and
+    ``.log`` per GPU (``sts-default.*`` without one); a good place for their sockets
+    (``gpu_endpoint: unix:///tmp/sts/sts-gpu{gpu}.sock``). Pipelines with the same
+    endpoints share the sidecars, and so the ``results_dir`` of the first to start them."""
+
+    start_timeout_s: float = 300.0
+    """How long a task waits for a sidecar it started (or found starting) to serve;
+    past it, its requests are refused as ``unavailable`` and get the fallback."""
+
+    def __post_init__(self) -> None:
+        self.security()  # the credential fields go together (checked, not read, here)
+        if self.launch not in ("none", "lazy"):
+            raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
+        if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
+            raise PipelineConfigError(f"{self.gpu_endpoint=} must contain '{{gpu}}'")
+        if self.timeout_s <= 0 or self.start_timeout_s <= 0 or self.max_batch < 1:
+            raise PipelineConfigError(f"{self.timeout_s=} and {self.start_timeout_s=} must "
+                                      f"be > 0 and {self.max_batch=} >= 1")
+        if not isinstance(self.launch_args, list) or \
+                not all(isinstance(a, str) for a in self.launch_args):
+            raise PipelineConfigError(f"{self.launch_args=} must be a list of strings")
+        if self.launch == "lazy" and not self.run_dir:
+            raise PipelineConfigError(f"{self.run_dir=} must name a folder with launch: lazy")
+
+    def security(self) -> ClientSecurity:
+        """The credentials the submit step presents to the sidecar.
+
+        Example:
+            >>> SidecarEndpointConfig(token_env="STS_SIDECAR_TOKEN").security().enabled
+            True
+        """
+        try:
+            return ClientSecurity(tls_ca_file=self.tls_ca_file, tls_cert_file=self.tls_cert_file,
+                                  tls_key_file=self.tls_key_file,
+                                  tls_server_name=self.tls_server_name,
+                                  token_file=self.token_file, token_env=self.token_env)
+        except ValueError as e:
+            raise PipelineConfigError(f"sidecar: {e}") from None
 
 
 @dataclass
@@ -259,7 +339,22 @@ class OutputConfig:
     """Processing-time trigger interval per query in seconds; 0 = as fast as
     possible (the next micro-batch starts as soon as the last one ends)."""
 
+    idle_poll_ms: int = 50
+    """How often an idle query looks for new input (Spark's
+    ``spark.sql.streaming.pollingDelay``, set for these queries only; Spark's default of
+    10 ms costs a third of a core on an idle 2-core machine, 100 ms a tenth). New input
+    waits half of it on average."""
+
+    metrics_port: int | None = None
+    """Serve the Spark side's Prometheus ``/metrics`` on this driver port (0: any free
+    port; ``None``: off). See :mod:`spark_ext.metrics`."""
+
+    metrics_addr: str = "127.0.0.1"
+    """Address of ``/metrics``."""
+
     def __post_init__(self) -> None:
+        if self.idle_poll_ms < 0:
+            raise PipelineConfigError(f"output.idle_poll_ms must be >= 0 (got {self.idle_poll_ms})")
         if unknown := set(self.triggers) - set(QUERIES):
             raise PipelineConfigError(f"output.triggers has unknown queries {sorted(unknown)}; "
                                       f"known: {QUERIES}")
@@ -306,6 +401,7 @@ class PipelineConfig:
     answers: AnswersConfig = field(default_factory=AnswersConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     knowledge_base: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
@@ -313,8 +409,9 @@ class PipelineConfig:
     SECTIONS: ClassVar[dict[str, type]] = {
         "source": SourceConfig, "tagging": TaggingConfig, "template": TemplateConfig,
         "sidecar": SidecarEndpointConfig, "answers": AnswersConfig, "output": OutputConfig,
-        "maintenance": MaintenanceConfig, "embedding": EmbeddingConfig,
-        "routing": RoutingConfig, "knowledge_base": KnowledgeBaseConfig,
+        "maintenance": MaintenanceConfig, "validation": ValidationConfig,
+        "embedding": EmbeddingConfig, "routing": RoutingConfig,
+        "knowledge_base": KnowledgeBaseConfig,
     }
 
     @classmethod
@@ -325,5 +422,51 @@ class PipelineConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "PipelineConfig":
-        """Read a YAML file such as ``conf/pipeline.yaml``."""
-        return cls.from_dict(read_yaml(path))
+        """Read a YAML file such as ``conf/pipeline.yaml``. Relative local paths in it
+        are relative to the file's folder (not to where the job was started).
+
+        Raises:
+            PipelineConfigError: one line, ``<what> (<path>)`` (missing file, malformed
+                YAML, unknown section or key, bad value).
+
+        Example:
+            >>> PipelineConfig.from_yaml("/no/such/pipeline.yaml")
+            Traceback (most recent call last):
+            ...
+            spark_ext.exceptions.PipelineConfigError: config file not found (/no/such/pipeline.yaml)
+        """
+        try:
+            config = cls.from_dict(read_yaml(path))
+        except (ValueError, TypeError) as e:
+            text = " ".join(str(e).split())
+            if not (text.endswith(")") and str(path) in text):
+                text = f"{text} ({path})"
+            raise PipelineConfigError(text) from None
+        return config.resolve_paths(Path(path).resolve().parent)
+
+    def resolve_paths(self, base: str | os.PathLike[str]) -> "PipelineConfig":
+        """Make the relative local paths (events, results, tables, checkpoints) relative
+        to ``base``; URIs (``s3://``, ``dbfs:/``, ``file:/``) and absolute paths are kept.
+
+        Example:
+            >>> c = PipelineConfig.from_dict({"output": {"out_dir": "out",
+            ...                                          "checkpoint_dir": "s3://b/ckpt"}})
+            >>> c = c.resolve_paths("/jobs/sts")
+            >>> c.output.out_dir, c.output.checkpoint_dir
+            ('/jobs/sts/out', 's3://b/ckpt')
+        """
+        def resolve(value: str) -> str:
+            if ":/" in value or Path(value).is_absolute():
+                return value
+            return os.path.normpath(Path(base) / value)
+
+        self.source.path = resolve(self.source.path)
+        self.sidecar.results_dir = resolve(self.sidecar.results_dir)
+        self.sidecar.run_dir = resolve(self.sidecar.run_dir)
+        self.output.out_dir = resolve(self.output.out_dir)
+        self.output.checkpoint_dir = resolve(self.output.checkpoint_dir)
+        side = self.sidecar
+        for name in ("tls_ca_file", "tls_cert_file", "tls_key_file", "token_file"):
+            if (value := getattr(side, name)) is not None:
+                setattr(side, name, resolve(value))
+        return self

@@ -38,3 +38,17 @@ class KnowledgeBaseError(StsSparkError, RuntimeError):
 class RoutingModelError(StsSparkError, ValueError):
     """The L1 classifier file is missing, malformed or made for another embedding model.
     Retrain it with ``sts l1 train``."""
+
+
+class SidecarAuthError(StsSparkError, RuntimeError):
+    """The sidecar refused this job's credentials (wrong or missing token, TLS mismatch).
+    Unrecoverable: a misconfiguration fails the query instead of turning every request
+    into a fallback. Fix ``sidecar.token_*``/``sidecar.tls_*`` in the pipeline config."""
+
+
+class SidecarLaunchError(StsSparkError, RuntimeError):
+    """A sidecar started by a task (``sidecar.launch: lazy``) exited before serving.
+
+    Unrecoverable until fixed: its log (named in the message) says why, e.g. bad
+    ``launch_args`` or an endpoint already taken.
+    """

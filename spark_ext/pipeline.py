@@ -24,6 +24,7 @@ raises :class:`~spark_ext.exceptions.PipelineFailedError` with a one-line reason
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import re
@@ -39,16 +40,21 @@ from pyspark.sql.streaming import StreamingQuery
 from sidecar.contract import now_ms
 from spark_ext import fast_path
 from spark_ext.answer_store import AnswerStore
-from spark_ext.answers import answers_from_refusals, answers_from_results
+from spark_ext.answers import (answers_from_refusals, answers_from_results, invalid_results,
+                               reject_invalid, review_rows)
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineFailedError
 from spark_ext.results_source import SOURCE_NAME, register_results_source
 from spark_ext.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
-from spark_ext.submit import submit_requests
+from spark_ext.submit import check_sidecars, submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
+from spark_ext.validation import AnswerValidator
 
 logger = logging.getLogger(__name__)
+
+#: Spark's idle poll interval of a streaming query (``output.idle_poll_ms``).
+_POLLING_DELAY = "spark.sql.streaming.pollingDelay"
 
 #: Request attribute naming the pipeline that submitted it (echoed on its result).
 PIPELINE_ATTRIBUTE = "sts.pipeline"
@@ -97,11 +103,20 @@ class StsPipeline:
         # Tags this pipeline's requests; stable across restarts of the same checkpoints.
         self.pipeline_id = hashlib.sha1(
             str(Path(out.checkpoint_dir).resolve()).encode()).hexdigest()[:12]
+        self.validator = AnswerValidator(config.validation)
+        self.validation_failures: collections.Counter[str] = collections.Counter()
+        """Answers replaced by the fallback since start, per validation rule."""
+        self.submitted = 0
+        """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
         self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
                                     fallback_text=config.answers.fallback_text,
                                     app_id=self._app_id("safety-net", "answers"))
         self.queries: list[StreamingQuery] = []
         self.tickers: list[Ticker] = []
+        self.metrics = None
+        """The Prometheus exporter (:class:`~spark_ext.metrics.PipelineMetrics`) when
+        ``output.metrics_port`` is set; ``metrics_port`` is the port it serves."""
+        self.metrics_port: int | None = None
         self.failure: str | None = None
         self._stopping = threading.Event()
         folders = [config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
@@ -147,6 +162,7 @@ class StsPipeline:
         table = batch.toArrow()  # the one materialisation: one SubmitBatch per request
         if table.num_rows == 0:
             return
+        self.submitted += table.num_rows
         self.store.append("requests", table, app_id=self._app_id("submit", "requests"),
                           version=batch_id)
         answers = self.config.answers
@@ -190,15 +206,29 @@ class StsPipeline:
             table = table.filter(pc.fill_null(mine, False))
         if table.num_rows == 0:
             return
-        self.store.append("results", table, app_id=self._app_id("answers", "results"),
-                          version=batch_id)
+        keys, fallback = self.config.tagging.key_columns, self.config.answers.fallback_text
+        invalid = invalid_results(table, self.validator.check)
         late = pc.fill_null(table.column("late"), False) if "late" in table.column_names \
             else pa.array([False] * table.num_rows)
         terminal = table.filter(pc.invert(late))
+        # The answers first: they are what a reader waits for.
         self.store.record_answers(
-            answers_from_results(terminal, key_columns=self.config.tagging.key_columns,
-                                 fallback_text=self.config.answers.fallback_text),
+            reject_invalid(answers_from_results(terminal, key_columns=keys,
+                                                fallback_text=fallback), invalid, fallback),
             app_id=self._app_id("answers", "answers"), version=batch_id)
+        self.store.append("results", table, app_id=self._app_id("answers", "results"),
+                          version=batch_id)
+        if invalid:  # a person looks at them; a late invalid answer never backfills
+            self.validation_failures.update(invalid.values())
+            logger.warning("Output validation: %d answers replaced by the fallback (%s).",
+                           len(invalid), dict(collections.Counter(invalid.values())))
+            self.store.append("review_queue", review_rows(
+                table, invalid, key_columns=keys, fallback_text=fallback, now_ms=now_ms()),
+                app_id=self._app_id("answers", "review"), version=batch_id)
+            ok_invalid = pc.and_(pc.equal(table.column("status"), "ok"),
+                                 pc.is_in(table.column("request_id"),
+                                          pa.array(list(invalid), pa.string())))
+            table = table.filter(pc.invert(pc.fill_null(ok_invalid, False)))
         self.store.backfill(table)
 
     # -------------------------------------------------------------- lifecycle
@@ -210,7 +240,16 @@ class StsPipeline:
         seconds = self.config.output.triggers[query]
         if seconds > 0:
             writer = writer.trigger(processingTime=f"{seconds} seconds")
-        return writer.start()
+        # A query copies the session's conf when it starts: set the idle poll for ours only.
+        previous = self.spark.conf.get(_POLLING_DELAY, None)
+        self.spark.conf.set(_POLLING_DELAY, f"{self.config.output.idle_poll_ms}ms")
+        try:
+            return writer.start()
+        finally:
+            if previous is None:
+                self.spark.conf.unset(_POLLING_DELAY)
+            else:
+                self.spark.conf.set(_POLLING_DELAY, previous)
 
     def start(self, *, events: DataFrame | None = None) -> list[StreamingQuery]:
         """Start the queries and the tickers (``events`` overrides the configured source).
@@ -220,6 +259,16 @@ class StsPipeline:
         """
         self.store.load_ledger()
         self.safety_net.watch(self.store.unanswered_requests())
+        if self.config.sidecar.check_at_start:
+            self.check_sidecars()
+        if (port := self.config.output.metrics_port) is not None:
+            from spark_ext.metrics import PipelineMetrics
+
+            self.metrics = PipelineMetrics(self)
+            self.spark.streams.addListener(self.metrics)
+            self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
+            logger.info("Spark-side metrics on http://%s:%d/metrics",
+                        self.config.output.metrics_addr, self.metrics_port)
         if fast_path.enabled(self.config):
             fast_path.warm_up(self.spark, self.config)
             submit = self._start(self.requests(events), "submit",
@@ -239,6 +288,20 @@ class StsPipeline:
         for t in self.tickers:
             t.start()
         return self.queries
+
+    def check_sidecars(self) -> list[dict]:
+        """Ask from the executors' Python tasks whether their sidecar serves; log the
+        answer (see :attr:`~spark_ext.config.SidecarEndpointConfig.check_at_start`)."""
+        started = time.monotonic()
+        rows = check_sidecars(self.spark, self.config.sidecar)
+        down = [r for r in rows if not r["serving"]]
+        for r in down:
+            logger.warning("Sidecar %s is not serving for task %d%s: its requests get the "
+                           "fallback until it is.", r["endpoint"], r["partition"],
+                           f" ({r['error']})" if r["error"] else "")
+        logger.info("Sidecar check from %d task(s): %d serving (%.1f s).", len(rows),
+                    len(rows) - len(down), time.monotonic() - started)
+        return rows
 
     def _watch_health(self) -> None:
         """Stop everything when one part died (a query with nobody reading answers
@@ -296,3 +359,10 @@ class StsPipeline:
                 q.stop()
             except Exception:  # stopping a failed query may raise again
                 logger.debug("Stopping %s raised.", q.name, exc_info=True)
+        if self.metrics is not None:
+            try:
+                self.spark.streams.removeListener(self.metrics)
+            except Exception:  # the session may be gone already
+                logger.debug("Removing the metrics listener raised.", exc_info=True)
+            self.metrics.close()
+            self.metrics = None

@@ -122,6 +122,39 @@ def list_result_files(folder: str | os.PathLike[str]) -> list[ResultFile]:
     return sorted(out, key=lambda f: (f.stream, f.seq))
 
 
+class _CachedListing:
+    """:func:`list_result_files` of a folder, listed again only when the folder changed.
+
+    Spark asks for the latest offset at every trigger (every few milliseconds while
+    idle); a folder that keeps an hour of result files would otherwise be scanned and
+    every name parsed each time. A file landing, being renamed in or removed changes the
+    folder's mtime. Timestamps are coarse (a clock tick), so a listing taken in the tick
+    the folder last changed is not trusted: the next call lists again.
+    """
+
+    #: A listing this long after the folder's mtime saw every change up to that mtime.
+    _SETTLED_NS = 20_000_000
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._mtime_ns: int | None = None
+        self._settled = False
+        self._files: list[ResultFile] = []
+
+    def files(self) -> list[ResultFile]:
+        try:
+            mtime = os.stat(self.folder).st_mtime_ns
+        except FileNotFoundError:
+            self._mtime_ns = None
+            return []
+        if not (self._settled and mtime == self._mtime_ns):
+            listed_at = time.time_ns()
+            self._files = list_result_files(self.folder)
+            self._mtime_ns = mtime
+            self._settled = listed_at - mtime > self._SETTLED_NS
+        return self._files
+
+
 def quarantine(path: str, reason: str, quarantine_dir: str) -> Path:
     """Move ``path`` into ``quarantine_dir`` with a ``.reason`` note; return the new path."""
     target_dir = Path(quarantine_dir)
@@ -150,13 +183,17 @@ class ResultsStreamReader(DataSourceStreamReader):
         self.retention_s = float(options.get("retentionseconds", "3600"))
         self.files_per_partition = int(options.get("filesperpartition", "64"))
         self._checked: set[str] = set()
+        self._listing = _CachedListing(self.path)
+        # Cleanup walks every file: at most every quarter of the retention (30 s cap).
+        self._cleanup_every_s = min(30.0, self.retention_s / 4)
+        self._cleaned_at = float("-inf")
 
     def initialOffset(self) -> dict:
         return {"streams": {}}
 
     def _new_files(self, start: dict) -> list[ResultFile]:
         done = start.get("streams", {})
-        return [f for f in list_result_files(self.path) if f.seq > done.get(f.stream, -1)]
+        return [f for f in self._listing.files() if f.seq > done.get(f.stream, -1)]
 
     def _readable(self, f: ResultFile) -> bool:
         if f.path in self._checked:
@@ -207,9 +244,13 @@ class ResultsStreamReader(DataSourceStreamReader):
             yield from table.to_batches()
 
     def commit(self, end: dict) -> None:
+        now = time.monotonic()
+        if now - self._cleaned_at < self._cleanup_every_s:
+            return
+        self._cleaned_at = now
         until = end.get("streams", {})
         cutoff = time.time() - self.retention_s
-        for f in list_result_files(self.path):
+        for f in self._listing.files():
             if f.seq <= until.get(f.stream, -1):
                 try:
                     if os.stat(f.path).st_mtime < cutoff:

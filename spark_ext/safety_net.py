@@ -64,6 +64,12 @@ class SafetyNet:
     def watching(self) -> int:
         return len(self._heap)
 
+    def unanswered(self) -> int:
+        """Watched requests that have no answer yet (the work still out)."""
+        with self._lock:
+            ids = [entry[2]["request_id"] for entry in self._heap]
+        return sum(1 for rid in ids if self.store.answered(rid) is None)
+
     def next_due_ms(self) -> int | None:
         with self._lock:
             return self._heap[0][0] if self._heap else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -15,16 +16,33 @@ def local_session(app_name: str, *, cores: int = 2) -> SparkSession:
     Python workers on this interpreter (unless ``PYSPARK_PYTHON`` says otherwise)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
-    if not os.environ.get("PYSPARK_PYTHON"):
-        # Python workers run this interpreter (its venv), not whatever python3 is on PATH.
-        builder = builder.config("spark.pyspark.python", sys.executable)
+    pin_python_workers()
     session = (builder
                .config("spark.sql.shuffle.partitions", str(cores))
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
+    quiet_py4j()
     return session
+
+
+def pin_python_workers() -> None:
+    """Make Spark's Python workers run this interpreter (its venv) instead of the first
+    ``python3`` on PATH, unless ``PYSPARK_PYTHON`` is set. Called before a local
+    SparkContext starts (PySpark reads the variable then); an existing context is left
+    as it is. ``spark.pyspark.python`` alone does not reach local-mode workers (PySpark
+    4.3 takes their command from ``PYSPARK_PYTHON``)."""
+    if not os.environ.get("PYSPARK_PYTHON"):
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
+def quiet_py4j() -> None:
+    """Keep py4j's per-call INFO lines (one per JVM callback, several a second in a
+    streaming job) out of an INFO log, unless its level was set explicitly."""
+    py4j = logging.getLogger("py4j")
+    if py4j.level == logging.NOTSET:
+        py4j.setLevel(logging.WARNING)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,9 @@
 sidecar and yields one ack row per request as soon as the sidecar admitted or
 refused them. An unreachable or slow sidecar (connect/ack deadline
 ``timeout_s``) turns into ``accepted = false`` rows with reason ``unavailable``
-instead of a failed query, so L4 answers those requests with the fallback.
+instead of a failed query, so L4 answers those requests with the fallback; refused
+credentials (``UNAUTHENTICATED``) are a misconfiguration and fail the task
+(:class:`~spark_ext.exceptions.SidecarAuthError`).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from spark_ext.config import SidecarEndpointConfig
+from spark_ext.exceptions import SidecarAuthError
 from spark_ext.schemas import spark_schema
+from spark_ext.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +38,11 @@ def resolve_endpoint(config: SidecarEndpointConfig) -> str:
     """The sidecar this task should use: the one of its GPU, else the default.
 
     Spark assigns GPUs to tasks (``spark.task.resource.gpu.amount``); the first
-    address ``N`` maps to ``config.gpu_endpoint.format(gpu=N)``.
+    address ``N`` maps to ``config.gpu_endpoint.format(gpu=N)``. Nothing is started
+    here (:func:`spark_ext.sidecar_launcher.task_sidecar` also starts it with
+    ``launch: lazy``).
     """
-    if config.gpu_endpoint:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        gpus = ctx.resources().get("gpu") if ctx is not None else None
-        if gpus is not None and gpus.addresses:
-            return config.gpu_endpoint.format(gpu=gpus.addresses[0])
-    return config.endpoint
+    return endpoint_for(config, task_gpu() if config.gpu_endpoint else None)
 
 
 def _refused(n: int, reason: str, detail: str, now: int, endpoint: str) -> dict[str, list]:
@@ -63,12 +62,12 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     ``request_id``, not by position."""
     import grpc
 
-    from sidecar.client import SidecarClient, request_to_proto
+    from sidecar.client import SidecarClient, describe_rpc_error, request_to_proto
     from sidecar.contract import now_ms
     from sidecar.pb.sts.v1 import inference_pb2 as pb
 
-    endpoint = resolve_endpoint(config)
-    client = SidecarClient(endpoint, timeout_s=config.timeout_s)
+    endpoint = task_sidecar(config)  # started first if launch: lazy and not serving
+    client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
     try:
         for batch in batches:
             for start in range(0, batch.num_rows, config.max_batch):
@@ -98,6 +97,9 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                     }
                 except grpc.RpcError as e:
                     code = e.code()
+                    if code in (grpc.StatusCode.UNAUTHENTICATED,
+                                grpc.StatusCode.PERMISSION_DENIED):
+                        raise SidecarAuthError(describe_rpc_error(e, endpoint)) from None
                     logger.warning("Sidecar %s did not ack %d requests: %s", endpoint,
                                    len(rows), code)
                     acks = _refused(len(rows), "unavailable", f"{code.name}: {e.details()}",
@@ -147,5 +149,57 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
                                SidecarEndpointConfig(endpoint="127.0.0.1:50051"))
     """
     columns, extra = list(attribute_columns), dict(extra_attributes or {})
+    config = for_tasks(config)
     return requests.mapInArrow(lambda it: submit_batches(it, config, columns, extra),
                                ack_schema(requests))
+
+
+#: Columns of :func:`check_sidecars`'s rows.
+SIDECAR_CHECK_SCHEMA = pa.schema([("partition", pa.int64()), ("endpoint", pa.string()),
+                                  ("serving", pa.bool_()), ("error", pa.string())])
+
+
+def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
+                     ) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body of :func:`check_sidecars`: import what submission
+    imports and ask this task's sidecar for its health."""
+    from pyspark import TaskContext
+
+    from sidecar.client import SidecarClient
+
+    for _ in batches:
+        pass
+    ctx = TaskContext.get()
+    endpoint = resolve_endpoint(config)
+    serving, error = False, None
+    try:
+        task_sidecar(config)  # with launch: lazy, the check starts the sidecars
+        with SidecarClient(endpoint, timeout_s=config.timeout_s,
+                           security=config.security()) as client:
+            serving = client.is_serving()
+    except Exception as e:  # reported as a row; the pipeline decides what to do
+        error = f"{type(e).__name__}: {e}".splitlines()[0]
+    yield pa.RecordBatch.from_pydict(
+        {"partition": [ctx.partitionId() if ctx is not None else -1], "endpoint": [endpoint],
+         "serving": [serving], "error": [error]}, schema=SIDECAR_CHECK_SCHEMA)
+
+
+def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
+                   tasks: int | None = None) -> list[dict]:
+    """Ask, from ``tasks`` Python tasks on the executors (default: the default
+    parallelism), whether each task's sidecar is serving.
+
+    It is the pipeline's start-up check (an executor that cannot reach its sidecar
+    is reported before events flow), and it warms the Python workers that
+    submission reuses (``spark.python.worker.reuse``), so the first micro-batch
+    does not pay for starting them.
+
+    Returns:
+        One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``.
+    """
+    n = tasks or spark.sparkContext.defaultParallelism
+    df = spark.range(n, numPartitions=n)
+    config = for_tasks(config)
+    return (df.mapInArrow(lambda it: _check_partition(it, config),
+                          spark_schema(SIDECAR_CHECK_SCHEMA))
+            .toArrow().to_pylist())

@@ -1,4 +1,4 @@
-"""The harness's ``sts`` subcommands: ``demo``, and ``l1``/``kb`` from
+"""The harness's ``sts`` subcommands: ``demo``, ``events``, and ``l1``/``kb`` from
 :mod:`sts_harness.l1l2_commands`. Registered through ``sts.commands``."""
 
 from __future__ import annotations
@@ -28,6 +28,44 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="L1 routing (MiniLM + classifier) and L2 retrieval (Milvus Lite)")
     demo.set_defaults(func=_run_demo)
 
+    events = sub.add_parser("events", help="stream the sample tickets into a folder "
+                                           "(the input of a spark-submit job)")
+    events.add_argument("--to", required=True,
+                        help="landing folder the job reads (source.path of its config)")
+    events.add_argument("--rate", type=float, default=2.0, help="events per second")
+    events.add_argument("--duration", type=float, default=60.0, help="seconds of replay")
+    events.set_defaults(func=_run_events)
+
+
+def _run_events(args: argparse.Namespace) -> int:
+    """Replay the shipped tickets in real time; each run's events are new (unique ids)."""
+    import time
+    from pathlib import Path
+
+    from sts_harness.demo import load_samples, sample_replayer
+
+    if not (args.rate > 0 and args.duration > 0):
+        print(f"sts events: --rate ({args.rate}) and --duration ({args.duration}) must be > 0",
+              file=sys.stderr)
+        return 2
+    folder = Path(args.to).expanduser()
+    if folder.exists() and not folder.is_dir():
+        print(f"sts events: --to {folder} is a file, not a folder", file=sys.stderr)
+        return 2
+    replayer = sample_replayer(folder, args.rate, args.duration, load_samples(), unique_ids=True)
+    print(f"sts events: {int(args.rate * args.duration)} sample tickets into {folder.resolve()} "
+          f"at {args.rate:g}/s", flush=True)
+    replayer.start()
+    try:
+        while replayer.is_alive():
+            replayer.join(5.0)
+            print(f"sts events: {replayer.offered} written", flush=True)
+    except KeyboardInterrupt:
+        replayer.stop()
+        replayer.join()
+        print(f"sts events: stopped after {replayer.offered}", flush=True)
+    return 0
+
 
 def _run_demo(args: argparse.Namespace) -> int:
     try:
@@ -35,19 +73,19 @@ def _run_demo(args: argparse.Namespace) -> int:
 
         from sts_harness.demo import DemoOptions, print_summary, run_demo
     except ImportError as e:
-        print(f"sts demo: needs module {e.name!r}; {SPARK_EXTRA_HINT}", file=sys.stderr)
+        print(f"sts: needs module {e.name!r}; {SPARK_EXTRA_HINT} (sts demo)", file=sys.stderr)
         return 2
     try:
         opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
                            engine=args.engine, max_tokens=args.max_tokens,
                            overwrite=args.overwrite, l1l2=args.l1l2)
     except ValueError as e:
-        print(f"sts demo: {e}", file=sys.stderr)
+        print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2
     try:
         summary = run_demo(opts)
     except (FileExistsError, NotADirectoryError) as e:
-        print(f"sts demo: {e}", file=sys.stderr)
+        print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2
     print_summary(summary)
     if summary.get("incomplete"):

@@ -31,8 +31,8 @@ class DemoFailedError(RuntimeError):
 #: Marks a folder as written by ``sts demo``: only such a folder is ever replaced.
 MARKER = ".sts-demo"
 #: What the demo writes inside ``--out`` (all that ``--overwrite`` removes).
-_OUTPUTS = ("events", "results", "acks", "tables", "checkpoints", "summary.json", "sidecar.log",
-            "l1l2")
+_OUTPUTS = ("events", "results", "acks", "tables", "checkpoints", "plots", "summary.json",
+            "sidecar.log", "l1l2")
 
 logger = logging.getLogger(__name__)
 
@@ -84,15 +84,20 @@ def load_samples() -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def sample_replayer(folder: Path, rate: float, duration: float, samples: list[dict]
-                    ) -> EventReplayer:
-    """Replay ``samples`` (cycled) into ``folder`` at ``rate`` events/s for ``duration`` s."""
+def sample_replayer(folder: Path, rate: float, duration: float, samples: list[dict], *,
+                    unique_ids: bool = False) -> EventReplayer:
+    """Replay ``samples`` (cycled) into ``folder`` at ``rate`` events/s for ``duration`` s.
+
+    Event ids are ``<ticket>-<n>``; with ``unique_ids`` the run's start (epoch ms) is part
+    of them too, so a second run is new events, not replays of the first (request ids
+    are derived from the event id)."""
     n = max(1, int(rate * duration))
     arrivals = [i / rate for i in range(n)]
 
     def make_events(start_ms: int) -> list[dict]:
         cycle = itertools.cycle(samples)
-        return [{"event_id": f"{s['ticket_id']}-{i:06d}", "text": s["text"],
+        run = f"{start_ms}-" if unique_ids else ""
+        return [{"event_id": f"{s['ticket_id']}-{run}{i:06d}", "text": s["text"],
                  "priority": s["priority"], "event_ts": start_ms + round(at * 1000)}
                 for i, (at, s) in enumerate(zip(arrivals, cycle))]
 
@@ -174,9 +179,10 @@ def run_demo(opts: DemoOptions) -> dict:
     from google.protobuf.json_format import MessageToDict
 
     from sidecar import prepare_default_model
+    from sidecar.contract import ClientSecurity
     from spark_ext.config import PipelineConfig
     from spark_ext.exceptions import PipelineFailedError
-    from sts_harness.process import SidecarProcess
+    from sts_harness.process import SidecarProcess, write_token_file
 
     out = Path(opts.out).expanduser().resolve()
     prepare_out(out, overwrite=opts.overwrite)
@@ -186,10 +192,13 @@ def run_demo(opts: DemoOptions) -> dict:
     stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar
     try:
         print(f"Starting sidecar ({opts.engine}); log: {out / 'sidecar.log'}", flush=True)
+        token_file = write_token_file(out / "sidecar-token")  # the secure path, end to end
         sidecar = stack.enter_context(SidecarProcess(
             out / "results", ["--engine", opts.engine, "--sidecar-id", "demo-sidecar",
-                              "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8"],
-            log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60))
+                              "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8",
+                              "--set", f"server.token_file={json.dumps(str(token_file))}"],
+            log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
+            security=ClientSecurity(token_file=str(token_file))))
         client = sidecar.client
         assert client is not None
         target = sidecar.target
@@ -211,7 +220,8 @@ def run_demo(opts: DemoOptions) -> dict:
             "source": {"path": str(out / "events")},
             "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
                         "max_tokens": opts.max_tokens},
-            "sidecar": {"endpoint": target, "results_dir": str(out / "results")},
+            "sidecar": {"endpoint": target, "results_dir": str(out / "results"),
+                        "token_file": str(token_file)},
             "output": {"out_dir": str(out / "tables"),
                        "checkpoint_dir": str(out / "checkpoints")},
         })
@@ -272,6 +282,11 @@ def run_demo(opts: DemoOptions) -> dict:
         answers = pipeline.store.read("answers").to_pylist()
         summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats)
         summary["incomplete"] = failure
+        from sts_harness.demo_plots import plot_demo
+
+        high, normal, low = opts.sla_ms
+        summary["plots"] = [str(p) for p in plot_demo(
+            answers, out / "plots", {"high": high, "normal": normal, "low": low})]
         summary["tables"] = {name: config.output.table(name)
                              for name in ("answers", "requests", "results")}
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -306,3 +321,5 @@ def print_summary(summary: dict) -> None:
         print("  " + line)
     for name, path in summary["tables"].items():
         print(f"delta table {name:<9} {path}")
+    for path in summary.get("plots", []):
+        print(f"plot                  {path}")

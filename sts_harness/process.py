@@ -10,7 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sidecar import SidecarError
 from sidecar.client import SidecarClient
+from sidecar.contract import ClientSecurity
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,6 +22,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(empty log)"
+
+
+class SidecarStartError(SidecarError, RuntimeError):
+    """The sidecar child process exited or did not serve in time. The message is one line
+    (``Server exited unexpectedly: <its last log line> (<log file>)``); ``log_tail`` holds
+    the end of its log."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+def write_token_file(path: Path) -> Path:
+    """A fresh random bearer token in ``path``, readable by its owner only.
+
+    Example:
+        >>> import tempfile
+        >>> token = write_token_file(Path(tempfile.mkdtemp()) / "token")
+        >>> oct(token.stat().st_mode & 0o777), len(token.read_text().strip()) >= 32
+        ('0o600', True)
+    """
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    os.chmod(path, 0o600)
+    return path
 
 
 class SidecarProcess:
@@ -39,7 +75,8 @@ class SidecarProcess:
 
     def __init__(self, results_dir: Path, args: Sequence[str] = (), *,
                  start_timeout_s: float = 240.0, stop_timeout_s: float = 8.0,
-                 log_path: Path | None = None, cpus: set[int] | None = None) -> None:
+                 log_path: Path | None = None, cpus: set[int] | None = None,
+                 security: ClientSecurity | None = None) -> None:
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.results_dir = Path(results_dir)
@@ -48,6 +85,8 @@ class SidecarProcess:
         self.stop_timeout_s = stop_timeout_s
         self.log_path = log_path or self.results_dir.with_suffix(".log")
         self.cpus = cpus
+        self.security = security
+        """Credentials the client presents (the sidecar's own come from ``args``)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: SidecarClient | None = None
 
@@ -61,19 +100,23 @@ class SidecarProcess:
         preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, preexec_fn=preexec)
-        self.client = SidecarClient(self.target, timeout_s=30.0)
+        self.client = SidecarClient(self.target, timeout_s=30.0, security=self.security)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.__exit__(None, None, None)
-                raise RuntimeError(f"Server exited unexpectedly. Log: {self.tail_log()}")
+                tail = self.tail_log()
+                raise SidecarStartError(f"Server exited unexpectedly: {_last_line(tail)} "
+                                        f"({self.log_path})", tail)
             if self.client.is_serving():
                 return self
             time.sleep(0.5)
         self.__exit__(None, None, None)
-        raise TimeoutError(f"sidecar not serving after {self.start_timeout_s}s: {self.tail_log()}")
+        raise SidecarStartError(f"sidecar not serving after {self.start_timeout_s:g} s "
+                                f"({self.log_path})", self.tail_log())
 
     def tail_log(self, n: int = 4000) -> str:
+        """The last ``n`` bytes of the sidecar's log."""
         try:
             return self.log_path.read_bytes()[-n:].decode(errors="replace")
         except OSError:

@@ -64,7 +64,9 @@ class EventReplayer(threading.Thread):
             while due < len(events) and self.arrivals_s[due] <= elapsed:
                 due += 1
             if due > self.offered:
-                write_text_atomically(self.folder / f"part-{part:06d}.json",
+                # Named by the run's start too: a second run into the same folder
+                # adds files, never replaces the first run's.
+                write_text_atomically(self.folder / f"part-{self.start_ms}-{part:06d}.json",
                                       "".join(json.dumps(e) + "\n"
                                               for e in events[self.offered:due]))
                 part += 1

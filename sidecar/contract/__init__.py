@@ -3,7 +3,7 @@
 This is the only part of the ``sidecar`` package, besides :mod:`sidecar.client` and
 the generated wire code in :mod:`sidecar.pb`, that other packages import: the
 result schema, the result file names, the wire enums, the clock, atomic
-landing-folder writes and the config-file loader.
+landing-folder writes, the config-file loader and client credentials.
 """
 
 # From sidecar.contract.clock
@@ -11,6 +11,15 @@ from sidecar.contract.clock import now_ms
 
 # From sidecar.contract.config_files
 from sidecar.contract.config_files import as_dataclass, build_sections, read_yaml
+
+# From sidecar.contract.credentials
+from sidecar.contract.credentials import (
+    TOKEN_METADATA_KEY,
+    ClientSecurity,
+    read_pem,
+    read_token,
+    security_fields,
+)
 
 # From sidecar.contract.files
 from sidecar.contract.files import (
@@ -51,6 +60,8 @@ __all__ = [
     "PRIORITY_NAMES",
     "RESULT_SCHEMA",
     "STATUSES",
+    "TOKEN_METADATA_KEY",
+    "ClientSecurity",
     "FinishReason",
     "Priority",
     "RefusalReason",
@@ -63,8 +74,11 @@ __all__ = [
     "percentile",
     "percentiles",
     "parse_result_file_name",
+    "read_pem",
+    "read_token",
     "read_yaml",
     "result_file_name",
+    "security_fields",
     "write_atomically",
     "write_parquet_atomically",
     "write_text_atomically",

@@ -14,9 +14,37 @@ import yaml
 
 
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Load one YAML document."""
-    with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+    """Load one YAML document holding a mapping (``None`` for an empty file).
+
+    Raises:
+        ValueError: one line, ``<what> (<path>[, line N])``: the file is missing or
+            unreadable, is not YAML, or does not hold a mapping.
+
+    Example:
+        >>> read_yaml("/no/such/sidecar.yaml")
+        Traceback (most recent call last):
+        ...
+        ValueError: config file not found (/no/such/sidecar.yaml)
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"config file not found ({path})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"cannot read the config file: {why} ({path})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        where = f"{path}, line {mark.line + 1}" if mark is not None else str(path)
+        raise ValueError(f"config file is not valid YAML: {problem} ({where})") from None
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"config file must hold a mapping of sections, not a "
+                         f"{type(data).__name__} ({path})")
+    return data
 
 
 def as_dataclass(cls: type, value: Any, where: str, base: Any = None) -> Any:
@@ -46,8 +74,14 @@ def build_sections(sections: dict[str, type], data: dict[str, Any] | None, *, wh
     built = {}
     for name, section_cls in sections.items():
         values = data.get(name) or {}
+        if not isinstance(values, dict):
+            raise error(f"{what} section {name!r} must be a mapping, got "
+                        f"{type(values).__name__}")
         names = {f.name for f in dataclasses.fields(section_cls)}
         if extra := set(values) - names:
             raise error(f"unknown keys in {what} section {name!r}: {sorted(extra)}")
-        built[name] = section_cls(**values)
+        try:
+            built[name] = section_cls(**values)
+        except (TypeError, AttributeError) as e:  # a value of the wrong type
+            raise error(f"bad value in {what} section {name!r}: {e}") from None
     return built

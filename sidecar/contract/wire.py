@@ -104,6 +104,8 @@ class RefusalReason(enum.IntEnum):
     OVERLOADED = pb.REFUSAL_REASON_OVERLOADED
     QUEUE_DELAY_EXCEEDED = pb.REFUSAL_REASON_QUEUE_DELAY_EXCEEDED
     ATTRIBUTES_TOO_LARGE = pb.REFUSAL_REASON_ATTRIBUTES_TOO_LARGE
+    ENGINE_UNAVAILABLE = pb.REFUSAL_REASON_ENGINE_UNAVAILABLE
+    """The engine failed; the sidecar is about to exit (status ``shed``)."""
 
     def __str__(self) -> str:
         return self.name.lower()
@@ -121,7 +123,8 @@ class RefusalReason(enum.IntEnum):
 
 _SHED_REASONS = frozenset(
     {RefusalReason.QUEUE_FULL, RefusalReason.DEADLINE_INFEASIBLE, RefusalReason.DRAINING,
-     RefusalReason.OVERLOADED, RefusalReason.QUEUE_DELAY_EXCEEDED}
+     RefusalReason.OVERLOADED, RefusalReason.QUEUE_DELAY_EXCEEDED,
+     RefusalReason.ENGINE_UNAVAILABLE}
 )
 
 

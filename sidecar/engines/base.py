@@ -87,5 +87,13 @@ class Engine(abc.ABC):
     async def shutdown(self) -> None:
         """Release the engine. Idempotent."""
 
+    def failure(self) -> str | None:
+        """Why the engine can no longer serve, or ``None`` while it is healthy.
+
+        Cheap: the scheduler asks before each batch it admits and from a watchdog.
+        Once it returns a reason the sidecar turns ``NOT_SERVING`` and exits.
+        """
+        return None
+
     def stats(self) -> EngineStats:
         return EngineStats()

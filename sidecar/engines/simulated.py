@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from sidecar.contract import FinishReason
 from sidecar.engines.base import Engine, EngineProgress, EngineRequest, EngineStats
+from sidecar.exceptions import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +57,18 @@ class SimulatedEngineConfig:
     model_name: str = "simulated-llm"
     """Name reported as the served model."""
 
+    text: str = "[simulated] {tokens} tokens"
+    """The answer text (``{tokens}``: tokens generated); tests of what the Spark side does
+    with an answer's content set it."""
+
     replicas: int = 1
     """Independent GPUs behind this sidecar (a simulated cluster for seed-scale runs);
     each request goes to the replica with the fewest sequences."""
+
+    fail_after_s: float | None = None
+    """Fault drill: the engine dies this many seconds after it started (every stream
+    raises :class:`~sidecar.exceptions.EngineDeadError`, :meth:`SimulatedEngine.failure`
+    reports it), so supervisors and health checks can be tried. ``None``: never."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -67,6 +77,8 @@ class SimulatedEngineConfig:
             raise ValueError(f"{self.step_base_ms=} must be > 0 and {self.step_per_seq_ms=} >= 0")
         if self.replicas < 1:
             raise ValueError(f"{self.replicas=} must be >= 1")
+        if self.fail_after_s is not None and self.fail_after_s < 0:
+            raise ValueError(f"{self.fail_after_s=} must be >= 0 or None")
         if self.prefill_tokens_per_s <= 0 or self.kv_capacity_tokens < 1:
             raise ValueError(
                 f"{self.prefill_tokens_per_s=} and {self.kv_capacity_tokens=} must be positive"
@@ -81,7 +93,7 @@ class _SimSeq:
     """One sequence and its output channel (a list plus a future the consumer awaits
     when the list is empty: cheaper than an ``asyncio.Queue`` per request)."""
 
-    __slots__ = ("request", "out", "waiter", "generated", "footprint")
+    __slots__ = ("request", "out", "waiter", "generated", "footprint", "error")
 
     def __init__(self, request: EngineRequest) -> None:
         self.request = request
@@ -89,6 +101,13 @@ class _SimSeq:
         self.waiter: asyncio.Future[None] | None = None
         self.generated = 0
         self.footprint = len(request.prompt_token_ids) + request.max_tokens
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        """End the stream with ``error`` (raised once the outputs before it are read)."""
+        self.error = error
+        if (waiter := self.waiter) is not None and not waiter.done():
+            waiter.set_result(None)
 
     def put(self, item: EngineProgress) -> None:
         self.out.append(item)
@@ -97,6 +116,8 @@ class _SimSeq:
 
     async def get(self) -> EngineProgress:
         while not self.out:
+            if self.error is not None:
+                raise self.error
             self.waiter = asyncio.get_running_loop().create_future()
             try:
                 await self.waiter
@@ -155,6 +176,8 @@ class SimulatedEngine(Engine):
         self._arrivals = itertools.count()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._failure: str | None = None
+        self._fail_timer: asyncio.TimerHandle | None = None
         self.max_model_len = 1 << 20
 
     @property
@@ -164,6 +187,9 @@ class SimulatedEngine(Engine):
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._step_loop(), name="simulated-engine")
+            if (after := self.config.fail_after_s) is not None:
+                self._fail_timer = asyncio.get_running_loop().call_later(
+                    after, self.fail, f"simulated engine failure after {after:g} s (fail_after_s)")
 
     def encode_prompt(self, prompts: list[str]) -> list[list[int]]:
         per = self.config.chars_per_token
@@ -173,6 +199,9 @@ class SimulatedEngine(Engine):
         if self._task is None:
             raise RuntimeError("SimulatedEngine.start() was not awaited")
         seq = _SimSeq(request)
+        if self._failure is not None:
+            seq.fail(EngineDeadError(self._failure))
+            return _SimStream(self, seq)
         heapq.heappush(self._waiting, (request.priority, next(self._arrivals), seq))
         self._wake.set()
         return _SimStream(self, seq)
@@ -186,6 +215,25 @@ class SimulatedEngine(Engine):
         else:
             self._waiting = [w for w in self._waiting if w[2] is not seq]
             heapq.heapify(self._waiting)
+
+    def failure(self) -> str | None:
+        return self._failure
+
+    def fail(self, why: str) -> None:
+        """Die now, as a crashed GPU worker would: the step loop stops, every stream
+        raises :class:`~sidecar.exceptions.EngineDeadError`, :meth:`failure` says ``why``."""
+        if self._failure is not None:
+            return
+        self._failure = why
+        logger.error("Simulated engine died: %s", why)
+        if self._task is not None:
+            self._task.cancel()
+        error = EngineDeadError(why)
+        for seq in [*self._running.values(), *(w[2] for w in self._waiting)]:
+            seq.fail(error)
+        self._running.clear()
+        self._waiting.clear()
+        self._kv_used = 0
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -216,7 +264,7 @@ class SimulatedEngine(Engine):
                 done = seq.generated >= seq.request.max_tokens
                 if seq.generated == 1 or done:
                     seq.put(EngineProgress(
-                        text=f"[simulated] {seq.generated} tokens" if done else "",
+                        text=cfg.text.format(tokens=seq.generated) if done else "",
                         output_tokens=seq.generated,
                         cached_tokens=0,
                         finished=done,
@@ -227,6 +275,9 @@ class SimulatedEngine(Engine):
                     self._kv_used -= seq.footprint
 
     async def shutdown(self) -> None:
+        if timer := self._fail_timer:
+            self._fail_timer = None
+            timer.cancel()
         if task := self._task:
             self._task = None
             task.cancel()
@@ -264,6 +315,9 @@ class SimulatedCluster(Engine):
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
         target = min(self.replicas, key=lambda r: len(r._running) + len(r._waiting))
         return target.generate(request)
+
+    def failure(self) -> str | None:
+        return next((why for r in self.replicas if (why := r.failure()) is not None), None)
 
     def stats(self) -> EngineStats:
         parts = [r.stats() for r in self.replicas]

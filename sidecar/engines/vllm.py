@@ -195,6 +195,12 @@ class VllmEngine(Engine):
         except VllmEngineDeadError as e:
             raise EngineDeadError(str(e)) from e
 
+    def failure(self) -> str | None:
+        llm = self._llm
+        if llm is not None and llm.errored:
+            return "the vLLM engine core died"
+        return None
+
     def stats(self) -> EngineStats:
         c = self._counters
         return EngineStats(kv_cache_usage=c.kv_cache_usage, running=c.running, waiting=c.waiting,

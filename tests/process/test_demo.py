@@ -40,3 +40,7 @@ def test_demo_answers_every_event_once_with_llm_and_fallback(tmp_path: Path,
     assert summary["llm_within_sla"]["high"]["llm_on_time"] == 0
     assert summary["hops_ms"]["event -> answer landed"]["n"] == sum(
         a["answer_source"] != "backfill" for a in answers)
+    # The plots are written next to the tables and listed in the summary.
+    assert [Path(p).name for p in summary["plots"]] == ["latency_over_time.png",
+                                                         "answers_by_source.png"]
+    assert all(Path(p).stat().st_size > 10_000 for p in summary["plots"])

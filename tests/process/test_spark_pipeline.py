@@ -6,7 +6,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -412,3 +414,49 @@ def test_a_dead_query_stops_the_pipeline_with_one_line(spark, tmp_path: Path) ->
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("query sts-submit failed") and "disk full" in message
+
+
+def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
+        spark, tmp_path: Path) -> None:
+    """Output validation end to end: the model's answer carries an e-mail address, so the
+    reader gets the fallback (status invalid, the rule named) and a person gets the
+    model's text in the review_queue table."""
+    leak = "Write to jane.doe@example.com and we will sort it out."
+    with _sim_sidecar(tmp_path, "leaky", "--set", f"engine.simulated.text={json.dumps(leak)}"
+                      ) as sidecar:
+        cfg = _config(tmp_path, sidecar.target, str(sidecar.results_dir),
+                      output={"metrics_port": 0})
+        _write_events(tmp_path, "leak", _events("leak", 3))
+        pipeline = StsPipeline(spark, cfg)
+        pipeline.start()
+        try:
+            answers = _run_until(pipeline, lambda a: len(a) == 3)
+            wait_until(lambda: 'sts_spark_batches_total{query="sts-answers"}' in _scrape(pipeline),
+                       30, what="the listener saw the answers batch")
+            metrics = _scrape(pipeline)
+        finally:
+            pipeline.stop()
+    assert {(a["answer_source"], a["status"], a["reason"]) for a in answers.values()} == {
+        ("fallback", "invalid", "pii:email")}
+    assert all(a["answer"] == cfg.answers.fallback_text for a in answers.values())
+    review = pipeline.store.read("review_queue").to_pylist()
+    assert sorted(r["request_id"] for r in review) == sorted(answers)
+    assert {(r["rule"], r["model_text"]) for r in review} == {("pii:email", leak)}
+    assert {r["event_id"] for r in review} == {"leak-0", "leak-1", "leak-2"}
+    assert pipeline.validation_failures == {"pii:email": 3}
+    # The driver's /metrics: the listener's micro-batches and the pipeline's counters.
+    assert 'sts_spark_validation_failures_total{rule="pii:email"} 3.0' in metrics
+    assert 'sts_spark_answers_total{source="fallback"} 3.0' in metrics
+    assert "sts_spark_requests_submitted_total 3.0" in metrics
+    assert 'sts_spark_input_rows_total{query="sts-submit"} 3.0' in metrics
+    assert "sts_spark_backlog_requests 0.0" in metrics
+    if promtool := shutil.which("promtool"):
+        lint = subprocess.run([promtool, "check", "metrics"], input=metrics, text=True,
+                              capture_output=True, timeout=30)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def _scrape(pipeline: StsPipeline) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{pipeline.metrics_port}/metrics",
+                                timeout=10) as r:
+        return r.read().decode()

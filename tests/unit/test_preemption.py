@@ -169,6 +169,33 @@ def test_batch_speed_model_and_shrinking_the_batch_instead_of_refusing() -> None
     assert refusal is not None and refusal.reason is RefusalReason.DEADLINE_INFEASIBLE
 
 
+def test_speed_model_remembers_small_batches_while_the_engine_runs_full() -> None:
+    """A pool refused for a while must not be judged by the full batch alone: the cost
+    of a small batch seen once (start-up, a preempted run) survives many full-batch
+    observations, and a TTFT seen at batch 8 is scaled down for a batch of 1."""
+    model = BatchSpeedModel()
+    model.observe(1, 0.080)
+    for _ in range(500):  # minutes at the full batch, under CPU contention
+        model.observe(8, 0.173)
+    assert model.tpot(1) == pytest.approx(0.080)
+    assert model.tpot(8) == pytest.approx(0.173)
+    assert 0.080 < model.tpot(4) < 0.173
+    est = ServiceRateEstimator()
+    est.speed = model
+    for _ in range(20):
+        est.observe_finish(LOW, ttft_s=1.0, tpot_s=0.173, output_tokens=48, max_tokens=48,
+                           batch=8, ttft_batch=8)
+    # The high pool never ran: its service at batch 1 comes from the engine-wide figures.
+    at_1 = est.service_s(HIGH, max_tokens=48, batch=1)
+    assert at_1 == pytest.approx(1.0 * 0.080 / 0.173 + 47 * 0.080)
+    assert at_1 < 0.5 * est.service_s(HIGH, max_tokens=48, batch=8)
+    # A cold start's 10 s first token does not make every later estimate slow.
+    est.observe_finish(LOW, ttft_s=10.0, tpot_s=0.9, output_tokens=48, max_tokens=48,
+                       batch=1, ttft_batch=1)
+    assert est.ttft_s(HIGH, batch=8) == pytest.approx(1.0)
+    assert model.tpot(1) == pytest.approx(0.080 / 2 + 0.9 / 2)  # two batch-1 figures
+
+
 @pytest.mark.xfail(strict=False, reason=(
     "issue 13 is open: the ordering holds on a quiet machine (12 of 12 runs) but not "
     "reliably under load (1 CI run of ~8 gave high 33 % < normal 50 %; 2x slower steps "

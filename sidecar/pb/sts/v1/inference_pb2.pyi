@@ -121,6 +121,10 @@ class _RefusalReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Refusal
     """/ `attributes` has more than 32 keys or more than 1024 bytes (UTF-8 keys
     / plus values). Status rejected.
     """
+    REFUSAL_REASON_ENGINE_UNAVAILABLE: _RefusalReason.ValueType  # 15
+    """/ The engine failed: the sidecar is NOT_SERVING and about to exit (a
+    / supervisor restarts it). Status shed, with the pool's fallback text.
+    """
 
 class RefusalReason(_RefusalReason, metaclass=_RefusalReasonEnumTypeWrapper):
     """/ Why a request was refused at admission. Machine-readable; `detail` in the
@@ -150,6 +154,10 @@ REFUSAL_REASON_QUEUE_DELAY_EXCEEDED: RefusalReason.ValueType  # 13
 REFUSAL_REASON_ATTRIBUTES_TOO_LARGE: RefusalReason.ValueType  # 14
 """/ `attributes` has more than 32 keys or more than 1024 bytes (UTF-8 keys
 / plus values). Status rejected.
+"""
+REFUSAL_REASON_ENGINE_UNAVAILABLE: RefusalReason.ValueType  # 15
+"""/ The engine failed: the sidecar is NOT_SERVING and about to exit (a
+/ supervisor restarts it). Status shed, with the pool's fallback text.
 """
 Global___RefusalReason: _TypeAlias = RefusalReason  # noqa: Y015
 

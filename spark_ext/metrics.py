@@ -1,0 +1,136 @@
+"""Prometheus metrics of the Spark side, served by the driver (``output.metrics_port``).
+
+A :class:`~pyspark.sql.streaming.StreamingQueryListener` records each micro-batch of the
+pipeline's queries (input and processing rates, batch duration, rows); a collector reads
+the pipeline's own figures at scrape time: requests submitted, answers by source,
+requests still waiting for an answer (the backlog), safety-net fallbacks and output
+validation failures by rule. Names: ``sts_spark_`` prefix, base units, ``_total`` on
+counters, on a registry of their own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pyspark.sql.streaming import StreamingQueryListener
+
+_PREFIX = "sts_spark"
+
+
+class _PipelineCollector(Collector):
+    """The pipeline's counters, read when Prometheus scrapes."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.pipeline
+        stats = p.store.stats
+        submitted = CounterMetricFamily(f"{_PREFIX}_requests_submitted",
+                                        "Requests submitted to the sidecar (ack rows).")
+        submitted.add_metric([], p.submitted)
+        yield submitted
+        answers = CounterMetricFamily(f"{_PREFIX}_answers", "Answer rows written, by source.",
+                                      labels=["source"])
+        for source in ("llm", "fallback", "backfill", *sorted(set(stats.by_source) - {
+                "llm", "fallback", "backfill"})):
+            answers.add_metric([source], stats.by_source.get(source, 0))
+        yield answers
+        backlog = GaugeMetricFamily(f"{_PREFIX}_backlog_requests",
+                                    "Accepted requests still waiting for their answer.")
+        backlog.add_metric([], p.safety_net.unanswered())
+        yield backlog
+        lost = CounterMetricFamily(f"{_PREFIX}_safety_net_fallbacks",
+                                   "Requests answered by the safety net (no result in time).")
+        lost.add_metric([], p.safety_net.lost)
+        yield lost
+        invalid = CounterMetricFamily(f"{_PREFIX}_validation_failures",
+                                      "Answers replaced by the fallback, by validation rule.",
+                                      labels=["rule"])
+        for rule, n in sorted(p.validation_failures.items()):
+            invalid.add_metric([rule], n)
+        yield invalid
+
+
+class PipelineMetrics(StreamingQueryListener):
+    """Micro-batch figures of the pipeline's queries plus its counters, on a registry.
+
+    Args:
+        pipeline: The :class:`~spark_ext.pipeline.StsPipeline` whose queries (``sts-*``)
+            and counters are exported.
+        registry: Where the metrics live (a new one by default).
+
+    Usage::
+
+        metrics = PipelineMetrics(pipeline)
+        spark.streams.addListener(metrics)
+        metrics.serve(9401)          # http://127.0.0.1:9401/metrics
+    """
+
+    def __init__(self, pipeline: Any, registry: CollectorRegistry | None = None
+                 ) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.queries = {f"sts-{q}" for q in ("submit", "answers")}
+        labels = ["query"]
+        self.input_rate = Gauge(f"{_PREFIX}_input_rows_per_second",
+                                "Input rows/s of the last micro-batch.", labels,
+                                registry=self.registry)
+        self.processing_rate = Gauge(f"{_PREFIX}_processed_rows_per_second",
+                                     "Processed rows/s of the last micro-batch.", labels,
+                                     registry=self.registry)
+        self.batch_duration = Gauge(f"{_PREFIX}_batch_duration_seconds",
+                                    "Duration of the last micro-batch with rows.", labels,
+                                    registry=self.registry)
+        self.batches = Counter(f"{_PREFIX}_batches", "Micro-batches with rows.", labels,
+                               registry=self.registry)
+        self.rows = Counter(f"{_PREFIX}_input_rows", "Input rows.", labels,
+                            registry=self.registry)
+        self.registry.register(_PipelineCollector(pipeline))
+        self._server: Any = None
+        self._lock = threading.Lock()
+
+    # StreamingQueryListener -------------------------------------------------------------
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        name = progress.name
+        if name not in self.queries:
+            return
+        with self._lock:
+            self.input_rate.labels(name).set(progress.inputRowsPerSecond or 0.0)
+            self.processing_rate.labels(name).set(progress.processedRowsPerSecond or 0.0)
+            if progress.numInputRows:
+                self.batches.labels(name).inc()
+                self.rows.labels(name).inc(progress.numInputRows)
+                total_ms = progress.durationMs.get("triggerExecution")
+                if total_ms is not None:
+                    self.batch_duration.labels(name).set(total_ms / 1000.0)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+    # HTTP -------------------------------------------------------------------------------
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` on ``addr:port`` (0: a free port); return the port."""
+        server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        self._server = server
+        return server.server_address[1]
+
+    def close(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

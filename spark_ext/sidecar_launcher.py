@@ -1,0 +1,256 @@
+"""One sidecar per GPU, found from the task's GPU and started by the first task that needs it.
+
+Spark assigns GPUs to tasks (``spark.task.resource.gpu.amount``); a task's sidecar is
+``gpu_endpoint.format(gpu=N)`` for its first GPU address ``N``, else ``endpoint``
+(:func:`endpoint_for`). Who starts the sidecars is ``SidecarEndpointConfig.launch``:
+
+* ``none``: the cluster does (``conf/cluster/``: a Databricks init script, a
+  Spark-on-Kubernetes pod template), or you; tasks only connect.
+* ``lazy``: :func:`ensure_sidecar` in the task. If the sidecar does not serve, the
+  task takes an exclusive ``flock`` on ``run_dir/sts-gpu{N}.lock`` (concurrent tasks
+  on the GPU wait on it), looks again, and if it is still not serving and no sidecar
+  it started earlier is alive (``sts-gpu{N}.pid``), starts
+  ``python -m sidecar.cli sidecar --listen <endpoint> --results-dir <results_dir>
+  --sidecar-id <host>-gpu{N} <launch_args>`` in its own session (it outlives the
+  Python worker and the executor, so the next executor on the GPU reuses it), with
+  ``CUDA_VISIBLE_DEVICES=N`` and its output in ``sts-gpu{N}.log``; it waits until the
+  sidecar serves (``start_timeout_s``) and releases the lock. Later tasks find it
+  serving and only connect.
+
+Every sidecar writes its result files into the same ``results_dir``: their names
+carry the sidecar id (``part-{incarnation}-{seq}-{sidecar_id}.parquet``), so writers
+never collide and the results stream reads them all. :func:`stop_sidecars` stops the
+sidecars started into a ``run_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from spark_ext.config import SidecarEndpointConfig
+from spark_ext.exceptions import SidecarLaunchError
+
+logger = logging.getLogger(__name__)
+
+#: Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with its NUL).
+_MAX_SOCKET_PATH = 107
+#: Sidecars this Python process started, by pid (their exit is seen and reaped through
+#: these; ``/proc`` may still show the pre-exec command line just after the start).
+_STARTED: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def task_gpu() -> str | None:
+    """The first GPU address Spark assigned the running task, or ``None`` (no task,
+    no GPU resource)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    gpus = ctx.resources().get("gpu") if ctx is not None else None
+    return gpus.addresses[0] if gpus is not None and gpus.addresses else None
+
+
+def endpoint_for(config: SidecarEndpointConfig, gpu: str | None) -> str:
+    """The sidecar of GPU ``gpu``: ``gpu_endpoint`` filled in, else ``endpoint``.
+
+    Example:
+        >>> cfg = SidecarEndpointConfig(gpu_endpoint="unix:///run/sts/sts-gpu{gpu}.sock")
+        >>> endpoint_for(cfg, "1"), endpoint_for(cfg, None)
+        ('unix:///run/sts/sts-gpu1.sock', '127.0.0.1:50051')
+    """
+    if config.gpu_endpoint and gpu is not None:
+        return config.gpu_endpoint.format(gpu=gpu)
+    return config.endpoint
+
+
+def sidecar_name(gpu: str | None) -> str:
+    """The stem of a GPU's lock, pid and log files in ``run_dir``.
+
+    Example:
+        >>> sidecar_name("0"), sidecar_name(None)
+        ('sts-gpu0', 'sts-default')
+    """
+    return f"sts-gpu{gpu}" if gpu is not None else "sts-default"
+
+
+def for_tasks(config: SidecarEndpointConfig) -> SidecarEndpointConfig:
+    """``config`` as shipped to tasks: with ``launch: lazy``, ``results_dir`` and
+    ``run_dir`` made absolute here, on the driver, so a relative folder means the
+    same one to the sidecars the tasks start as to the results stream (a task's
+    working folder is the executor's).
+
+    Example:
+        >>> import os
+        >>> cfg = for_tasks(SidecarEndpointConfig(launch="lazy", results_dir="res"))
+        >>> cfg.results_dir == os.path.join(os.getcwd(), "res")
+        True
+    """
+    if config.launch != "lazy":
+        return config
+    return dataclasses.replace(config, results_dir=str(Path(config.results_dir).absolute()),
+                               run_dir=str(Path(config.run_dir).absolute()))
+
+
+def task_sidecar(config: SidecarEndpointConfig) -> str:
+    """The endpoint of the running task's sidecar, started first with ``launch: lazy``.
+
+    Raises:
+        SidecarLaunchError: a sidecar this task started exited before serving.
+    """
+    gpu = task_gpu() if config.gpu_endpoint else None
+    endpoint = endpoint_for(config, gpu)
+    if config.launch == "lazy":
+        ensure_sidecar(config, gpu, endpoint)
+    return endpoint
+
+
+def _serving(config: SidecarEndpointConfig, endpoint: str) -> bool:
+    from sidecar.client import SidecarClient
+
+    with SidecarClient(endpoint, timeout_s=2.0, security=config.security()) as client:
+        return client.is_serving()
+
+
+def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str) -> bool:
+    """Make sure GPU ``gpu``'s sidecar at ``endpoint`` serves, starting it if needed;
+    at most one is started per GPU however many tasks call this at once.
+
+    Returns:
+        True when it serves; False when it did not within ``start_timeout_s`` (the
+        caller's requests then get ``unavailable`` and the fallback).
+
+    Raises:
+        SidecarLaunchError: the sidecar started here exited before serving (its log
+            says why: bad ``launch_args``, the endpoint taken, ...), or its socket
+            path is too long for a unix socket.
+    """
+    sock = endpoint.removeprefix("unix://") if endpoint.startswith("unix://") else ""
+    if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
+        raise SidecarLaunchError(f"socket path {sock} is longer than {_MAX_SOCKET_PATH} "
+                                 "bytes (the unix socket limit); use a shorter folder")
+    if _serving(config, endpoint):
+        return True
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    name = sidecar_name(gpu)
+    deadline = time.monotonic() + config.start_timeout_s
+    with open(run_dir / f"{name}.lock", "a+b") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another task on this GPU is starting it
+                if time.monotonic() > deadline:
+                    return _serving(config, endpoint)
+                time.sleep(0.1)
+        try:
+            if _serving(config, endpoint):
+                return True
+            pid = _live_pid(run_dir / f"{name}.pid")
+            if pid is None:
+                pid = _start(config, gpu, endpoint, run_dir / name)
+            return _wait_serving(config, endpoint, pid, run_dir / f"{name}.log", deadline)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: Path) -> int:
+    """Start the sidecar detached; record its pid in ``stem.pid``."""
+    if endpoint.startswith("unix://"):
+        sock = Path(endpoint.removeprefix("unix://"))
+        sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        sock.unlink(missing_ok=True)  # a socket left by a sidecar that died
+    sidecar_id = f"{socket.gethostname()}-{stem.name.removeprefix('sts-')}"
+    cmd = [sys.executable, "-m", "sidecar.cli", "sidecar", "--listen", endpoint,
+           "--results-dir", str(Path(config.results_dir).absolute()),
+           "--sidecar-id", sidecar_id, *config.launch_args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    with open(stem.with_suffix(".log"), "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd=stem.parent,
+                                start_new_session=True, umask=0o007)
+    _STARTED[proc.pid] = proc
+    tmp = stem.with_suffix(".pid.tmp")
+    tmp.write_text(f"{proc.pid}\n")
+    tmp.replace(stem.with_suffix(".pid"))
+    logger.warning("Started sidecar %s for GPU %s on %s (pid %d, log %s).", sidecar_id, gpu,
+                   endpoint, proc.pid, stem.with_suffix(".log"))
+    return proc.pid
+
+
+def _wait_serving(config: SidecarEndpointConfig, endpoint: str, pid: int, log: Path,
+                  deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if _serving(config, endpoint):
+            return True
+        if not _alive(pid):
+            tail = _last_line(log)
+            raise SidecarLaunchError(f"sidecar for {endpoint} (pid {pid}) exited before "
+                                     f"serving; log {log}: {tail}")
+        time.sleep(0.2)
+    logger.warning("Sidecar for %s (pid %d) not serving after the start timeout; see %s.",
+                   endpoint, pid, log)
+    return _serving(config, endpoint)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs a sidecar (not a zombie, not a reused pid)."""
+    if (proc := _STARTED.get(pid)) is not None:
+        return proc.poll() is None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return b"sidecar.cli" in cmdline and state not in ("Z", "X")
+
+
+def _live_pid(pid_file: Path) -> int | None:
+    """The pid recorded in ``pid_file`` if that sidecar still runs."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_bytes()[-4000:].decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(empty log)"
+
+
+def stop_sidecars(run_dir: str | os.PathLike[str], timeout_s: float = 10.0) -> list[int]:
+    """Stop (SIGTERM, then SIGKILL after ``timeout_s``) the sidecars whose pid files
+    are in ``run_dir``; returns their pids. The sidecars drain as on any SIGTERM.
+
+    Example:
+        >>> import tempfile
+        >>> stop_sidecars(tempfile.mkdtemp())
+        []
+    """
+    pids = [pid for f in sorted(Path(run_dir).glob("sts-*.pid"))
+            if (pid := _live_pid(f)) is not None]
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            if (proc := _STARTED.get(pid)) is not None:
+                proc.wait()
+    return pids

@@ -1,0 +1,167 @@
+"""Output validation: is the model's answer fit to send?
+
+Rules from the ``validation`` config section, applied to every ``ok`` result before it
+becomes an ``llm`` (or ``backfill``) answer, in this order: length (``min_chars``,
+``max_chars``), forbidden patterns (``must_not_match``, by name), personal data
+(``pii``: ``email``, ``phone``, ``card``; cards are digit runs that pass the Luhn check),
+and an optional JSON Schema for structured tasks. The first rule an answer breaks is
+its verdict; the pipeline then answers with the fallback (``status = invalid``, the rule
+in ``reason``) and puts the model's text in the ``review_queue`` table for a person.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_ext.exceptions import PipelineConfigError
+
+#: Personal-data detectors by name.
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}")
+_PHONE = re.compile(r"(?<![\w+])\+?\d[\d\s().-]{6,}\d(?!\w)")
+_DATE = re.compile(r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{4}")
+_CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)")
+
+
+def luhn_ok(digits: str) -> bool:
+    """Whether a digit string passes the Luhn checksum (payment card numbers do).
+
+    Example:
+        >>> luhn_ok("4111111111111111"), luhn_ok("4111111111111112")
+        (True, False)
+    """
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _has_card(text: str) -> bool:
+    return any(luhn_ok(re.sub(r"\D", "", m.group())) for m in _CARD.finditer(text))
+
+
+def _has_phone(text: str) -> bool:
+    """7-15 digits written as a phone number: with a leading ``+`` or grouped by
+    separators (a bare run of digits is more often an order or ticket number)."""
+    for m in _PHONE.finditer(text):
+        found = m.group()
+        if _DATE.fullmatch(found.strip()):
+            continue
+        digits = re.sub(r"\D", "", found)
+        if 7 <= len(digits) <= 15 and (found.startswith("+") or len(digits) < len(found)):
+            return True
+    return False
+
+
+PII_DETECTORS: dict[str, Callable[[str], bool]] = {
+    "email": lambda text: _EMAIL.search(text) is not None,
+    "phone": _has_phone,
+    "card": _has_card,
+}
+
+
+@dataclass
+class ValidationConfig:
+    """Rules an ``ok`` answer must pass to be sent (README "Output validation")."""
+
+    enabled: bool = True
+    min_chars: int = 1
+    """Shorter answers (after stripping spaces) fail ``min_chars``."""
+
+    max_chars: int | None = 2000
+    """Longer answers fail ``max_chars``; ``None``: no limit."""
+
+    must_not_match: dict[str, str] = field(default_factory=dict)
+    """Rule name -> regular expression (case-insensitive) an answer must not contain."""
+
+    pii: list[str] = field(default_factory=lambda: ["email", "phone", "card"])
+    """Personal-data detectors to apply: ``email``, ``phone``, ``card``."""
+
+    json_schema: str | dict[str, Any] | None = None
+    """A JSON Schema (inline mapping, or a file path) the answer must parse and match."""
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.pii) - set(PII_DETECTORS):
+            raise PipelineConfigError(f"validation.pii has unknown detectors {sorted(unknown)}; "
+                                      f"known: {sorted(PII_DETECTORS)}")
+        if self.min_chars < 0 or (self.max_chars is not None and self.max_chars < self.min_chars):
+            raise PipelineConfigError(f"validation: need 0 <= min_chars <= max_chars "
+                                      f"(got {self.min_chars}, {self.max_chars})")
+        for name, pattern in self.must_not_match.items():
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise PipelineConfigError(
+                    f"validation.must_not_match.{name}: bad regular expression ({e})") from None
+
+
+class AnswerValidator:
+    """Applies a :class:`ValidationConfig` to answer texts.
+
+    Example:
+        >>> v = AnswerValidator(ValidationConfig(must_not_match={"refund_promise": r"full refund"}))
+        >>> v.check("We will look into your order today.") is None
+        True
+        >>> v.check("Write to jane.doe@example.com for a full refund.")
+        'must_not_match:refund_promise'
+        >>> v.check("Call me at +1 (415) 555-0199.")
+        'pii:phone'
+        >>> v.check("Your card 4111 1111 1111 1111 was charged.")
+        'pii:card'
+    """
+
+    def __init__(self, config: ValidationConfig) -> None:
+        self.config = config
+        self._patterns = {name: re.compile(p, re.IGNORECASE)
+                          for name, p in config.must_not_match.items()}
+        self._schema_validator = None
+        if config.json_schema is not None:
+            import jsonschema
+
+            schema = config.json_schema
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(Path(schema).read_text(encoding="utf-8"))
+                except (OSError, ValueError) as e:
+                    raise PipelineConfigError(
+                        f"validation.json_schema: cannot read {schema} ({e})") from None
+            cls = jsonschema.validators.validator_for(schema)
+            try:
+                cls.check_schema(schema)
+            except jsonschema.SchemaError as e:
+                raise PipelineConfigError(
+                    f"validation.json_schema: not a valid schema ({e.message})") from None
+            self._schema_validator = cls(schema)
+
+    def check(self, text: str | None) -> str | None:
+        """The first rule ``text`` breaks, or ``None`` when it may be sent."""
+        cfg = self.config
+        if not cfg.enabled:
+            return None
+        body = (text or "").strip()
+        if len(body) < cfg.min_chars:
+            return "min_chars"
+        if cfg.max_chars is not None and len(body) > cfg.max_chars:
+            return "max_chars"
+        for name, pattern in self._patterns.items():
+            if pattern.search(body):
+                return f"must_not_match:{name}"
+        # Cards before phones: a card number also looks like a long phone number.
+        for name in sorted(cfg.pii, key=lambda n: n != "card"):
+            if PII_DETECTORS[name](body):
+                return f"pii:{name}"
+        if self._schema_validator is not None:
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                return "json_schema"
+            if not self._schema_validator.is_valid(doc):
+                return "json_schema"
+        return None

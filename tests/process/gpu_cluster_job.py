@@ -1,0 +1,186 @@
+"""A real multi-executor Spark with one fake GPU per executor and lazily started sidecars.
+
+Run by ``test_gpu_cluster.py`` in its own process (a ``local-cluster`` session cannot
+share a process with the suite's ``local`` one)::
+
+    python -m tests.process.gpu_cluster_job WORK_DIR    # prints a JSON report
+
+``local-cluster[2,1,1024]``: two workers, each with one executor of one core and one
+GPU, found by ``fake_gpu_discovery.sh`` (the first worker gets address ``0``, the
+second ``1``). Tasks take one GPU each and submit through
+:func:`spark_ext.submit.submit_requests` with ``launch: lazy`` and the simulated
+engine, so the first task on each GPU starts that GPU's sidecar. Each request carries
+the GPU its task was given (``task_gpu``, recorded before submission and echoed by
+the sidecar as an attribute), so the report shows where every request went: its ack
+(endpoint, sidecar id), its result row (sidecar id, attribute), and each sidecar's
+own count of submitted requests. The results are read twice: with pyarrow, and by
+the pipeline's results stream (``sts_results``) from the one shared folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parents[2]
+DISCOVERY = Path(__file__).with_name("fake_gpu_discovery.sh")
+#: Requests per round, and tasks (partitions) per round.
+ROWS, TASKS = 48, 8
+
+REQUEST_SCHEMA = pa.schema([
+    ("request_id", pa.string()), ("trace_id", pa.string()), ("priority", pa.string()),
+    ("enqueue_ts", pa.int64()), ("deadline_ts", pa.int64()), ("prompt", pa.string()),
+    ("max_tokens", pa.int32()), ("task_gpu", pa.string()), ("round", pa.int32()),
+])
+
+
+def _requests(batches: Iterator[pa.RecordBatch], round_no: int) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: request rows from ids, tagged with this task's GPU."""
+    from sidecar.contract import now_ms
+    from spark_ext.sidecar_launcher import task_gpu
+
+    gpu = task_gpu()
+    for batch in batches:
+        ids = batch.column("id").to_pylist()
+        now = now_ms()
+        yield pa.RecordBatch.from_pydict({
+            "request_id": [f"r{round_no}-{i}" for i in ids],
+            "trace_id": [f"t{round_no}-{i}" for i in ids],
+            "priority": [("high", "normal", "low")[i % 3] for i in ids],
+            "enqueue_ts": [now] * len(ids), "deadline_ts": [now + 60_000] * len(ids),
+            "prompt": [f"Ticket {i}: my order is late." for i in ids],
+            "max_tokens": [8] * len(ids), "task_gpu": [gpu] * len(ids),
+            "round": [round_no] * len(ids)}, schema=REQUEST_SCHEMA)
+
+
+def _spark_home(pyspark_dir: Path, work: Path) -> Path:
+    """A Spark home of links to the installed PySpark's folders: a local-cluster's
+    workers write the executors' folders under ``$SPARK_HOME/work``, which must not be
+    the shared site-packages."""
+    home = work / "spark-home"
+    home.mkdir()
+    for entry in pyspark_dir.iterdir():
+        if entry.name != "work":
+            (home / entry.name).symlink_to(entry)
+    return home
+
+
+def _session(work: Path):
+    import pyspark
+    from pyspark.sql import SparkSession
+
+    os.environ["STS_FAKE_GPU_DIR"] = str(work / "gpus")
+    os.environ["SPARK_HOME"] = str(_spark_home(Path(pyspark.__file__).parent, work))
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("sts-gpu-cluster")
+             .config("spark.pyspark.python", sys.executable)
+             .config("spark.executorEnv.PYTHONPATH", pythonpath)
+             .config("spark.worker.resource.gpu.amount", "1")
+             .config("spark.worker.resource.gpu.discoveryScript", str(DISCOVERY))
+             .config("spark.executor.resource.gpu.amount", "1")
+             .config("spark.executor.resource.gpu.discoveryScript", str(DISCOVERY))
+             .config("spark.task.resource.gpu.amount", "1")
+             .config("spark.locality.wait", "0")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _wait_for_executors(spark, n: int, timeout_s: float = 120.0) -> None:
+    """Until ``n`` executors have registered (the driver counts as one more)."""
+    sc = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + timeout_s
+    while sc.getExecutorMemoryStatus().size() < n + 1:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{n} executors not up after {timeout_s}s")
+        time.sleep(0.2)
+
+
+def _read_with_results_stream(spark, results: Path, work: Path) -> list[dict]:
+    """Every row of the shared results folder, as the answers query reads them (the
+    partitioned reader: Spark tasks on the executors read the files)."""
+    from spark_ext.results_source import register_results_source
+
+    register_results_source(spark)
+    query = (spark.readStream.format("sts_results").option("path", str(results))
+             .option("retentionSeconds", "3600").option("reader", "partitioned").load()
+             .select("request_id", "sidecar_id", "attributes", "late")
+             .writeStream.format("memory").queryName("sts_cluster_results")
+             .option("checkpointLocation", str(work / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    rows = spark.table("sts_cluster_results").collect()
+    return [{"request_id": r.request_id, "sidecar_id": r.sidecar_id,
+             "task_gpu": (r.attributes or {}).get("task_gpu"), "late": r.late} for r in rows]
+
+
+def main(work: Path) -> dict:
+    from sidecar.client import SidecarClient
+    from spark_ext.config import SidecarEndpointConfig
+    from spark_ext.sidecar_launcher import endpoint_for, stop_sidecars
+    from spark_ext.submit import submit_requests
+    from sts_harness.result_check import wait_for_results
+
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    run, results = work / "run", work / "results"
+    os.chdir(work)  # relative folders are the driver's: tasks run in the executors' own
+    config = SidecarEndpointConfig(
+        endpoint="unix:///nonexistent/sts-no-gpu.sock",  # a task without a GPU fails visibly
+        gpu_endpoint=f"unix://{run}/sts-gpu{{gpu}}.sock", launch="lazy",
+        launch_args=["--engine", "simulated"], run_dir="run", results_dir="results",
+        start_timeout_s=60.0)
+    spark = _session(work)
+    try:
+        _wait_for_executors(spark, 2)
+        timings["cluster_up_s"] = time.monotonic() - t0
+        acks: list[dict] = []
+        for round_no in (1, 2):  # round 2 finds the sidecars serving and reuses them
+            t = time.monotonic()
+            requests = (spark.range(ROWS, numPartitions=TASKS)
+                        .mapInArrow(lambda it, r=round_no: _requests(it, r),
+                                    "request_id string, trace_id string, priority string, "
+                                    "enqueue_ts long, deadline_ts long, prompt string, "
+                                    "max_tokens int, task_gpu string, round int"))
+            out = submit_requests(requests, config, attribute_columns=["task_gpu"])
+            acks += out.select("request_id", "task_gpu", "round", "accepted", "reason",
+                               "endpoint", "sidecar_id").toArrow().to_pylist()
+            timings[f"round{round_no}_s"] = time.monotonic() - t
+        ids = {a["request_id"] for a in acks}
+        by_id = wait_for_results(results, ids, timeout_s=60.0)
+        result_rows = [{"request_id": rid, "status": r["status"], "sidecar_id": r["sidecar_id"],
+                        "task_gpu": dict(r["attributes"] or {}).get("task_gpu")}
+                       for rid, r in by_id.items()]
+        stats = {}
+        for gpu in sorted({a["task_gpu"] for a in acks if a["task_gpu"] is not None}):
+            with SidecarClient(endpoint_for(config, gpu)) as client:
+                s = client.stats()
+            stats[gpu] = {"sidecar_id": s.sidecar_id, "submitted": s.submitted,
+                          "accepted": s.accepted, "engine": s.engine}
+        t = time.monotonic()
+        streamed = _read_with_results_stream(spark, results, work)
+        timings["results_stream_s"] = time.monotonic() - t
+        logs = {p.stem: p.read_text(errors="replace").count("sts sidecar ready")
+                for p in sorted(run.glob("sts-*.log"))}
+        return {"host": socket.gethostname(), "gpu_endpoint": config.gpu_endpoint,
+                "acks": acks, "results": result_rows, "streamed": streamed, "stats": stats,
+                "sidecar_starts": logs, "timings": timings}
+    finally:
+        spark.stop()
+        stop_sidecars(run)
+
+
+if __name__ == "__main__":
+    report = main(Path(sys.argv[1]).resolve())
+    print(json.dumps(report))

@@ -1,0 +1,71 @@
+"""One sidecar per GPU on a real multi-executor Spark: every request reaches the sidecar
+of its task's GPU, none crosses (``gpu_cluster_job.py`` runs the cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.utils import REPO
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The job's JSON report (its own process: a local-cluster session cannot share
+    this one's JVM with the suite's local session)."""
+    work = Path(tmp_path_factory.mktemp("gpu-cluster"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    proc = subprocess.run([sys.executable, "-m", "tests.process.gpu_cluster_job", str(work)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("gpu cluster timings:", report["timings"])  # shown with pytest -s
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_each_request_reaches_the_sidecar_of_its_tasks_gpu(report: dict) -> None:
+    acks, host = report["acks"], report["host"]
+    # Both executors ran tasks, each with its own GPU.
+    assert {a["task_gpu"] for a in acks} == {"0", "1"}, Counter(a["task_gpu"] for a in acks)
+    assert all(a["accepted"] for a in acks), [a for a in acks if not a["accepted"]][:3]
+    # Acks: from the endpoint of the task's GPU, answered by that GPU's sidecar.
+    crossed = [a for a in acks
+               if a["endpoint"] != report["gpu_endpoint"].format(gpu=a["task_gpu"])
+               or a["sidecar_id"] != f"{host}-gpu{a['task_gpu']}"]
+    assert not crossed, crossed[:3]
+    # Results: one per request, written by the sidecar of the GPU its task had.
+    results = report["results"]
+    assert sorted(r["request_id"] for r in results) == sorted(a["request_id"] for a in acks)
+    assert all(r["status"] == "ok" for r in results)
+    assert not [r for r in results if r["sidecar_id"] != f"{host}-gpu{r['task_gpu']}"]
+    # Each sidecar counted exactly the requests of its GPU's tasks.
+    per_gpu = Counter(a["task_gpu"] for a in acks)
+    assert {g: s["submitted"] for g, s in report["stats"].items()} == dict(per_gpu)
+    assert {s["engine"] for s in report["stats"].values()} == {"simulated"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_one_sidecar_started_per_gpu_and_reused(report: dict) -> None:
+    # Two rounds of eight tasks: the first task on each GPU started its sidecar once.
+    assert report["sidecar_starts"] == {"sts-gpu0": 1, "sts-gpu1": 1}
+    assert {a["round"] for a in report["acks"]} == {1, 2}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_the_results_stream_reads_every_sidecars_files_from_one_folder(report: dict) -> None:
+    streamed = report["streamed"]
+    assert sorted(r["request_id"] for r in streamed) == \
+        sorted(r["request_id"] for r in report["results"])
+    assert not [r for r in streamed if r["sidecar_id"] != f"{report['host']}-gpu{r['task_gpu']}"]

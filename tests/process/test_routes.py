@@ -1,0 +1,101 @@
+"""The two ways a user runs the pipeline, as a user runs them: ``spark-submit`` of
+``spark_ext/job.py`` and ``sts demo``, each with a ``python3`` first on PATH that is not
+the interpreter the project is installed in (Spark's Python workers must still run the
+project's interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sts_harness.process import SidecarProcess
+from tests.utils import REPO
+
+BIN = Path(sys.executable).parent
+
+
+def _path_with_a_wrong_python3(tmp_path: Path) -> dict[str, str]:
+    """An environment whose first ``python3`` on PATH fails loudly."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\necho 'the wrong python3 ran' >&2\nexit 3\n")
+    (fake / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "VIRTUAL_ENV")}
+    env["PATH"] = f"{fake}:/usr/bin:/bin"
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    return env
+
+
+@pytest.mark.timeout(420)
+def test_spark_submit_route_answers_every_event(tmp_path: Path) -> None:
+    """The README's sequence: a sidecar, ``sts events`` into the config's landing
+    folder, ``spark-submit spark_ext/job.py --until-idle``: it stops by itself with one
+    answer per event, paths resolved from the config file's folder."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    config = yaml.safe_load((REPO / "conf" / "pipeline.yaml").read_text())
+    results = tmp_path / "sts-results"  # ../sts-results from conf/, as shipped
+    env = _path_with_a_wrong_python3(tmp_path)
+    with SidecarProcess(results, ["--engine", "simulated"]) as sidecar:
+        config["sidecar"]["endpoint"] = sidecar.target
+        (conf / "pipeline.yaml").write_text(yaml.safe_dump(config))
+        job_env = dict(env, PYSPARK_DRIVER_PYTHON=sys.executable)
+        log = open(tmp_path / "job.log", "w")  # Spark's stderr is long: not a pipe
+        job = subprocess.Popen([str(BIN / "spark-submit"), "--master", "local[2]",
+                                str(REPO / "spark_ext" / "job.py"), "--config",
+                                str(conf / "pipeline.yaml"), "--until-idle", "4",
+                                "--progress", "1", "--timeout", "240"],
+                               cwd=REPO, env=job_env, stdout=subprocess.PIPE,
+                               stderr=log, text=True)
+        try:
+            lines = []
+            for line in job.stdout:  # the first progress line: the queries run
+                lines.append(line)
+                if line.startswith("["):
+                    break
+            events = subprocess.run([str(BIN / "sts"), "events", "--to", "sts-job/events",
+                                     "--rate", "5", "--duration", "3"], cwd=tmp_path, env=env,
+                                    capture_output=True, text=True, timeout=60)
+            assert events.returncode == 0, events.stderr
+            rest, _ = job.communicate(timeout=300)
+        finally:
+            if job.poll() is None:
+                job.kill()
+            log.close()
+        stderr = (tmp_path / "job.log").read_text()
+        stdout = "".join(lines) + rest
+    assert job.returncode == 0, stderr[-3000:]
+    assert "idle for 4 s, every request answered" in stdout, stdout[-2000:]
+    assert "submitted 15," in stdout
+    assert "the wrong python3 ran" not in stderr
+
+    from deltalake import DeltaTable
+
+    answers = DeltaTable(str(tmp_path / "sts-job" / "tables" / "answers")).to_pandas()
+    assert len(answers) == answers.request_id.nunique() == 15
+    assert (answers.answer_source == "llm").any()  # the workers ran the right python
+    assert (tmp_path / "sts-job" / "checkpoints").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_demo_from_the_venv_sts_with_another_python3_first_on_path(tmp_path: Path) -> None:
+    """``<venv>/bin/sts demo`` without activating the venv: Spark's workers run the
+    venv's interpreter, so the simulated engine answers the events."""
+    env = _path_with_a_wrong_python3(tmp_path)
+    out = tmp_path / "demo"
+    demo = subprocess.run([str(BIN / "sts"), "demo", "--engine", "simulated", "--rate", "4",
+                           "--duration", "4", "--out", str(out)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert demo.returncode == 0, (demo.stdout + demo.stderr)[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["answers"] == summary["events"] == 16
+    assert summary["answers_by_source"].get("llm", 0) > 0, summary
+    assert shutil.which("python3", path=env["PATH"]) != sys.executable
