@@ -136,6 +136,13 @@ def read_labelled(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                                       "route": one_of(*ROUTES)}, what="labelled examples")
 
 
+def _logistic() -> Any:
+    from sklearn.linear_model import LogisticRegression
+
+    # balanced: rare labels (high, drop) count as much as common ones
+    return LogisticRegression(max_iter=3000, C=10.0, class_weight="balanced")
+
+
 def train_router(input_path: str | os.PathLike[str], out_path: str | os.PathLike[str],
                  embedding: EmbeddingConfig, *, holdout: float = 0.25, seed: int = 0
                  ) -> RouterModel:
@@ -151,7 +158,6 @@ def train_router(input_path: str | os.PathLike[str], out_path: str | os.PathLike
             than two examples.
     """
     import numpy as np
-    from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import GroupShuffleSplit
 
     from spark_ext.embedding import embed_texts, model_path
@@ -176,9 +182,9 @@ def train_router(input_path: str | os.PathLike[str], out_path: str | os.PathLike
     metrics: dict[str, Any] = {"examples": len(rows), "train": len(train), "held_out": len(test)}
     heads = {}
     for name, y in labels.items():
-        probe = LogisticRegression(max_iter=2000, C=10.0).fit(x[train], y[train])
+        probe = _logistic().fit(x[train], y[train])
         metrics[f"{name}_accuracy"] = round(float((probe.predict(x[test]) == y[test]).mean()), 4)
-        final = LogisticRegression(max_iter=2000, C=10.0).fit(x, y)
+        final = _logistic().fit(x, y)
         heads[name] = Head(tuple(str(c) for c in final.classes_),
                            final.coef_.astype(np.float32), final.intercept_.astype(np.float32))
     metrics["seconds"] = round(time.monotonic() - start, 2)
