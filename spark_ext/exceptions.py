@@ -20,6 +20,26 @@ class PipelineFailedError(StsSparkError, RuntimeError):
     """
 
 
+class InputFileError(StsSparkError, ValueError):
+    """An input file (articles, labelled examples) is missing, empty or has bad lines; the
+    message names the file and the line numbers. Nothing was written. Fix the file."""
+
+
+class EmbeddingModelError(StsSparkError, ValueError):
+    """The embedding model folder is missing or not a sentence-transformers model, or the
+    requested device is absent. Fix the config (nothing is downloaded from a hub)."""
+
+
+class KnowledgeBaseError(StsSparkError, RuntimeError):
+    """The knowledge base cannot be opened or searched (no collection: run ``sts kb
+    build``; or a model or dimension mismatch). Fix the setup; retrying does not help."""
+
+
+class RoutingModelError(StsSparkError, ValueError):
+    """The L1 classifier file is missing, malformed or made for another embedding model.
+    Retrain it with ``sts l1 train``."""
+
+
 class SidecarAuthError(StsSparkError, RuntimeError):
     """The sidecar refused this job's credentials (wrong or missing token, TLS mismatch).
     Unrecoverable: a misconfiguration fails the query instead of turning every request

@@ -38,6 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sidecar.contract import now_ms
+from spark_ext import fast_path
 from spark_ext.answer_store import AnswerStore
 from spark_ext.answers import (answers_from_refusals, answers_from_results, invalid_results,
                                reject_invalid, review_rows)
@@ -138,8 +139,10 @@ class StsPipeline:
         return reader.schema(src.schema).options(**src.options).format(src.format).load(src.path)
 
     def requests(self, events: DataFrame | None = None) -> DataFrame:
-        return build_requests(events if events is not None else self.events(),
-                              self.config.tagging, self.template)
+        events = events if events is not None else self.events()
+        if fast_path.enabled(self.config):  # L1 routing / L2 retrieval: adds `route`
+            events = fast_path.apply_fast_path(events, self.config)
+        return build_requests(events, self.config.tagging, self.template)
 
     def acks(self, events: DataFrame | None = None) -> DataFrame:
         return submit_requests(self.requests(events), self.config.sidecar,
@@ -171,6 +174,29 @@ class StsPipeline:
         keep = [c for c in (*KEPT_COLUMNS, *self.config.tagging.key_columns)
                 if c in accepted.column_names]
         self.safety_net.watch(accepted.select(list(dict.fromkeys(keep))).to_pylist())
+
+    def _write_fast_path_then_submit(self, batch: DataFrame, batch_id: int) -> None:
+        """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once; only
+        ``llm`` ones are submitted. The batch is computed once (persisted)."""
+        from pyspark.sql import functions as F
+
+        batch = batch.persist()
+        try:
+            direct = batch.where(F.col("route") != "llm").drop("prompt").toArrow()
+            if direct.num_rows:
+                self.store.record_answers(
+                    fast_path.fast_answers(direct.to_pylist(),
+                                           key_columns=self.config.tagging.key_columns,
+                                           rule_text=self.config.routing.rule_text),
+                    app_id=self._app_id("submit", "fast-path"), version=batch_id)
+            to_llm = batch.where(F.col("route") == "llm").drop(
+                *[c for c in ("kb_texts", "kb_context", "kb_answer", "kb_answer_id")
+                  if c in batch.columns])
+            self._write_submitted(submit_requests(
+                to_llm, self.config.sidecar, self.config.tagging.key_columns,
+                {PIPELINE_ATTRIBUTE: self.pipeline_id}), batch_id)
+        finally:
+            batch.unpersist()
 
     def _write_results(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
@@ -243,7 +269,13 @@ class StsPipeline:
             self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
             logger.info("Spark-side metrics on http://%s:%d/metrics",
                         self.config.output.metrics_addr, self.metrics_port)
-        self.queries = [self._start(self.acks(events), "submit", self._write_submitted),
+        if fast_path.enabled(self.config):
+            fast_path.warm_up(self.spark, self.config)
+            submit = self._start(self.requests(events), "submit",
+                                 self._write_fast_path_then_submit)
+        else:
+            submit = self._start(self.acks(events), "submit", self._write_submitted)
+        self.queries = [submit,
                         self._start(self.results(), "answers", self._write_results)]
         maintenance = self.config.maintenance
         self.tickers = [

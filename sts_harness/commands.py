@@ -1,5 +1,5 @@
-"""The harness's ``sts`` subcommands: ``demo`` and ``events``. Registered through
-``sts.commands``."""
+"""The harness's ``sts`` subcommands: ``demo``, ``events``, and ``l1``/``kb`` from
+:mod:`sts_harness.l1l2_commands`. Registered through ``sts.commands``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ SPARK_EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark]'"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``sts demo`` to the ``sts`` parser."""
+    """Add ``sts demo``, ``sts l1`` and ``sts kb`` to the ``sts`` parser."""
+    from sts_harness import l1l2_commands
+
+    l1l2_commands.register(sub)
     demo = sub.add_parser("demo", help="run the whole system end to end on this machine")
     demo.add_argument("--rate", type=float, default=3.0, help="events per second")
     demo.add_argument("--duration", type=float, default=40.0, help="seconds of replay")
@@ -21,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="replace an earlier demo's output in --out")
     demo.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
     demo.add_argument("--max-tokens", type=int, default=48)
+    demo.add_argument("--l1l2", action="store_true",
+                      help="L1 routing (MiniLM + classifier) and L2 retrieval (Milvus Lite)")
     demo.set_defaults(func=_run_demo)
 
     events = sub.add_parser("events", help="stream the sample tickets into a folder "
@@ -73,7 +78,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     try:
         opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
                            engine=args.engine, max_tokens=args.max_tokens,
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, l1l2=args.l1l2)
     except ValueError as e:
         print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ class DemoFailedError(RuntimeError):
 MARKER = ".sts-demo"
 #: What the demo writes inside ``--out`` (all that ``--overwrite`` removes).
 _OUTPUTS = ("events", "results", "acks", "tables", "checkpoints", "plots", "summary.json",
-            "sidecar.log")
+            "sidecar.log", "l1l2")
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ class DemoOptions:
 
     overwrite: bool = False
     """Replace the output of an earlier demo in ``out`` (never a folder the demo did not make)."""
+
+    l1l2: bool = False
+    """Run L1 routing and L2 retrieval (router and knowledge base built into ``out/l1l2``)."""
 
     def __post_init__(self) -> None:
         if not self.rate > 0:
@@ -207,7 +210,13 @@ def run_demo(opts: DemoOptions) -> dict:
         print("Starting Spark (local[2]) ...", flush=True)
         spark = stack.enter_context(session_scope("sts-demo"))
         high, normal, low = opts.sla_ms
+        fast_path = {}
+        if opts.l1l2:
+            from sts_harness.l1l2_demo import prepare_fast_path
+
+            fast_path = prepare_fast_path(out)
         config = PipelineConfig.from_dict({
+            **fast_path,
             "source": {"path": str(out / "events")},
             "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
                         "max_tokens": opts.max_tokens},

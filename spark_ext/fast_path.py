@@ -1,0 +1,177 @@
+"""L1 + L2 in the pipeline: route events, retrieve context, answer what needs no LLM.
+
+Off unless configured (``routing.enabled``, ``knowledge_base.enabled``). When on, the
+submit query's events go through one pandas UDF (:func:`fast_path_udf`: embed once,
+classify with the L1 model, one Milvus search per Arrow batch), then the L1 rules, before
+tagging, and every event gets a final ``route``:
+
+``llm``   submitted to the sidecar (its prompt may carry ``{kb_context}``);
+``rule``  answered at once with ``routing.rule_text`` (``answer_source = rule``);
+``drop``  answered at once with an empty answer (``answer_source = rule``,
+          ``status = dropped``): spam gets a row too, so every event has one;
+``kb``    the best hit was an FAQ article at or above ``faq_min_score``: answered
+          at once with the article (``answer_source = kb``, ``reason = kb:<id>``).
+
+A rule that routes ``llm`` explicitly does not stop the FAQ short-circuit; ``rule`` and
+``drop`` win over ``kb``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from spark_ext.config import PipelineConfig
+from spark_ext.exceptions import PipelineConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: Final routes: the L1 ones plus ``kb`` (answered by L2).
+FINAL_ROUTES: tuple[str, ...] = ("llm", "rule", "drop", "kb")
+#: ``status`` of the answer row of a dropped event.
+DROPPED = "dropped"
+
+
+def enabled(config: PipelineConfig) -> bool:
+    """Whether L1 routing or L2 retrieval runs in the pipeline."""
+    return config.routing.enabled or config.knowledge_base.enabled
+
+
+#: Spark type of the L1 part of the fused UDF.
+_L1_TYPE = ("priority string, route string, priority_confidence float, "
+            "route_confidence float")
+
+
+def fast_path_udf(config: PipelineConfig) -> Any:
+    """One pandas UDF ``text -> struct`` doing L1 and L2 in one Python pass per Arrow
+    batch: embed once, classify (when ``routing.model_file`` is set), one Milvus search
+    (when ``knowledge_base.enabled``). One UDF keeps one Python worker per task, so each
+    worker loads the model once (three chained UDFs spread a task over three workers,
+    each of which may end up loading it)."""
+    import numpy as np
+    from pyspark.sql import functions as F
+
+    from spark_ext.embedding import embed_texts, load_encoder, task_device
+    from spark_ext.knowledge_base import KnowledgeBaseReader, shared_reader
+    from spark_ext.retrieval import RETRIEVAL_TYPE, retrieval_rows
+    from spark_ext.routing import RouterModel, cached_model
+
+    embedding, kb = config.embedding, config.knowledge_base
+    model_file = str(Path(config.routing.model_file).resolve()) \
+        if config.routing.enabled and config.routing.model_file else None
+    if model_file:
+        RouterModel.load(model_file)  # fail on the driver, not in a task
+    if kb.enabled:
+        KnowledgeBaseReader(kb).close()
+    parts = [p for p, on in ((_L1_TYPE, bool(model_file)), (RETRIEVAL_TYPE, kb.enabled)) if on]
+
+    @F.pandas_udf(", ".join(parts))  # type: ignore[call-overload]
+    def l1l2(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+        device = task_device(embedding.device)
+        load_encoder(embedding, device)
+        for texts in batches:
+            x = embed_texts(texts.tolist(), embedding, device=device)
+            cols: dict[str, Any] = {}
+            if model_file:
+                out = cached_model(model_file).predict(x)
+                cols.update(priority=out["priority"][0], route=out["route"][0],
+                            priority_confidence=out["priority"][1].astype(np.float32),
+                            route_confidence=out["route"][1].astype(np.float32))
+            if kb.enabled:
+                hits = shared_reader(kb).search(x, kb.top_k) if len(x) else []
+                cols.update(retrieval_rows(hits, kb))
+            yield pd.DataFrame(cols)
+
+    return l1l2
+
+
+def apply_fast_path(events: "DataFrame", config: PipelineConfig) -> "DataFrame":
+    """``events`` with ``route`` (see the module docstring) and, per section enabled,
+    the routing and retrieval columns, computed by :func:`fast_path_udf`."""
+    from pyspark.sql import functions as F
+
+    from spark_ext.retrieval import RETRIEVAL_COLUMNS
+    from spark_ext.routing import apply_rules
+
+    routing, kb = config.routing, config.knowledge_base
+    model = routing.enabled and bool(routing.model_file)
+    texts = {c for c, on in ((routing.text_column, model), (kb.text_column, kb.enabled)) if on}
+    if len(texts) > 1:
+        raise PipelineConfigError(f"routing.text_column and knowledge_base.text_column differ "
+                                  f"({sorted(texts)}): L1 and L2 share one embedding")
+    if missing := texts - set(events.columns):
+        raise PipelineConfigError(f"text column {sorted(missing)} is not a column of the "
+                                  f"events ({events.columns})")
+    out = events
+    if texts:
+        text = F.col(next(iter(texts))).cast("string")
+        out = out.withColumn("_l1l2", fast_path_udf(config)(text))
+    if model:
+        for c in ("priority", "route", "priority_confidence", "route_confidence"):
+            out = out.withColumn(c, F.col(f"_l1l2.{c}"))
+    else:
+        out = out.withColumn("route", F.lit("llm"))
+    if kb.enabled:
+        for c in RETRIEVAL_COLUMNS:
+            out = out.withColumn(c, F.col(f"_l1l2.{c}"))
+    if routing.enabled:
+        out = apply_rules(out, routing)
+    if kb.enabled:
+        out = out.withColumn("route", F.when((F.col("route") == "llm")
+                                             & F.col("kb_answer").isNotNull(), F.lit("kb"))
+                             .otherwise(F.col("route")))
+    return out.drop("_l1l2")  # a no-op when nothing was computed
+
+
+def warm_up(spark: "SparkSession", config: PipelineConfig) -> None:
+    """Run the fast path once over a tiny batch with one partition per core, so the Python
+    workers load the embedding model (and open the knowledge base) before the first
+    micro-batch: a cold worker spends tens of seconds on it, which would count against
+    the first events' deadlines."""
+    n = max(1, spark.sparkContext.defaultParallelism)
+    columns = list(dict.fromkeys([config.routing.text_column,
+                                  config.knowledge_base.text_column, "priority"]))
+    rows = [tuple("normal" if c == "priority" else "hello" for c in columns)] * n
+    df = spark.createDataFrame(rows, ", ".join(f"`{c}` STRING" for c in columns)).repartition(n)
+    apply_fast_path(df, config).write.format("noop").mode("overwrite").save()
+
+
+def fast_answers(rows: Iterable[Mapping[str, Any]], *, key_columns: list[str], rule_text: str
+                 ) -> list[dict]:
+    """Answer rows (for :meth:`AnswerStore.record_answers`) for tagged request rows whose
+    route is not ``llm``.
+
+    Example:
+        >>> rows = [{"request_id": "r1", "trace_id": "r1", "priority": "low", "route": "rule",
+        ...          "enqueue_ts": 1, "deadline_ts": 9, "event_id": "e1"},
+        ...         {"request_id": "r2", "route": "kb", "kb_answer": "Yes.",
+        ...          "kb_answer_id": "faq-1", "event_id": "e2"},
+        ...         {"request_id": "r3", "route": "llm", "event_id": "e3"}]
+        >>> [(a["answer"], a["answer_source"], a["status"], a["reason"])
+        ...  for a in fast_answers(rows, key_columns=["event_id"], rule_text="Hi!")]
+        [('Hi!', 'rule', 'ok', 'rule'), ('Yes.', 'kb', 'ok', 'kb:faq-1')]
+    """
+    out = []
+    for r in rows:
+        route = r.get("route")
+        if route == "llm" or route is None:
+            continue
+        if route == "kb":
+            answer, source, status, reason = (r.get("kb_answer"), "kb", "ok",
+                                              f"kb:{r.get('kb_answer_id')}")
+        elif route == "rule":
+            answer, source, status, reason = rule_text, "rule", "ok", "rule"
+        else:
+            answer, source, status, reason = "", "rule", DROPPED, "drop"
+        row = {"request_id": r["request_id"], "trace_id": r.get("trace_id"),
+               "priority": r.get("priority"), "answer": answer, "answer_source": source,
+               "status": status, "reason": reason, "fallback_text": None,
+               "enqueue_ts": r.get("enqueue_ts"), "submit_ts": None, "received_ts": None,
+               "finish_ts": None, "deadline_ts": r.get("deadline_ts")}
+        row.update({k: r.get(k) for k in key_columns if k not in row})
+        out.append(row)
+    return out
