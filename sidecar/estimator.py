@@ -127,6 +127,10 @@ class BatchSpeedModel:
         self.min_spread = min_spread
         self._by_size: dict[int, _RecentMedian] = {}
         self._sizes: list[int] = []
+        self.version = 0
+        """Counts observations: figures derived from the model may be cached per version."""
+        self._cache: dict[float, float] = {}  # batch -> tpot, for this version
+        self._slope_cache: tuple[float | None] | None = None
 
     @property
     def known(self) -> bool:
@@ -141,13 +145,21 @@ class BatchSpeedModel:
             avg = self._by_size[size] = _RecentMedian(self.window)
             self._sizes = sorted(self._by_size)
         avg.update(tpot_s)
+        self.version += 1
+        self._cache.clear()
+        self._slope_cache = None
 
     def _value(self, size: int) -> float:
         return self._by_size[size].get(0.0)
 
     def _slope(self) -> float | None:
         """Least-squares slope over the observed sizes, when they spread enough and it
-        is positive."""
+        is positive (computed once per observation)."""
+        if self._slope_cache is None:
+            self._slope_cache = (self._fit_slope(),)
+        return self._slope_cache[0]
+
+    def _fit_slope(self) -> float | None:
         sizes = self._sizes
         if sizes[-1] - sizes[0] < self.min_spread:
             return None
@@ -163,6 +175,12 @@ class BatchSpeedModel:
 
     def tpot(self, batch: float) -> float:
         """Expected seconds per token at ``batch`` sequences (0.0 before any observation)."""
+        if (cached := self._cache.get(batch)) is not None:
+            return cached
+        value = self._cache[batch] = self._tpot(batch)
+        return value
+
+    def _tpot(self, batch: float) -> float:
         sizes = self._sizes
         if not sizes:
             return 0.0
@@ -212,6 +230,8 @@ class ServiceRateEstimator:
         self._all_ttft = _Ewma(alpha)
         self._ttft_pairs: collections.deque[tuple[float, float]] = collections.deque(maxlen=32)
         """Recent (ttft, batch it was observed at) pairs, engine-wide."""
+        self._ttft_version = 0
+        self._ttft_steps: tuple[tuple[int, int], float] | None = None
         self.speed = BatchSpeedModel()
         self._finishes: collections.deque[float] = collections.deque()
         self._first_event: float | None = None
@@ -236,6 +256,7 @@ class ServiceRateEstimator:
             self._all_ttft.update(ttft_s)
             if ttft_batch is not None:
                 self._ttft_pairs.append((ttft_s, ttft_batch))
+                self._ttft_version += 1
         if tpot_s is not None:
             pool.tpot_s.update(tpot_s)
             self._all_tpot.update(tpot_s)
@@ -253,6 +274,7 @@ class ServiceRateEstimator:
         for s in samples:
             self._all_ttft.update(s.ttft_s)
             self._ttft_pairs.append((s.ttft_s, float(s.batch)))
+            self._ttft_version += 1
             if s.tpot_s is not None:
                 self._all_tpot.update(s.tpot_s)
                 self.speed.observe(s.batch, s.tpot_s)
@@ -292,8 +314,19 @@ class ServiceRateEstimator:
         :class:`BatchSpeedModel` from the batch it was observed at (a prefill shares its
         steps with the decodes)."""
         if batch is not None and self.speed.known and self._ttft_pairs:
-            return statistics.median(t * self.speed.ratio(batch, b) for t, b in self._ttft_pairs)
+            return self._ttft_in_steps() * self.speed.tpot(batch)
         return self._pools[priority].ttft_s.get(self._all_ttft.get(0.0))
+
+    def _ttft_in_steps(self) -> float:
+        """The recent first tokens in decode steps of the batch each was observed at
+        (median); times ``tpot(batch)`` it is the TTFT at ``batch``. Cached until the
+        speed model or the observations change."""
+        key = (self.speed.version, self._ttft_version)
+        if self._ttft_steps is None or self._ttft_steps[0] != key:
+            steps = [t / step for t, b in self._ttft_pairs
+                     if (step := self.speed.tpot(b)) > 0.0]
+            self._ttft_steps = (key, statistics.median(steps) if steps else 0.0)
+        return self._ttft_steps[1]
 
     def tpot_s(self, priority: Priority, batch: float | None = None) -> float:
         """Seconds per output token of the pool's requests; at ``batch`` sequences when
