@@ -53,3 +53,20 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="$ per GPU-hour")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
+
+
+def positive_ints(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    """``"1,64,512"`` -> ``[1, 64, 512]``; a usage error (exit 2) naming ``flag`` when a
+    part is not an integer >= 1 or there is none.
+
+    Example:
+        >>> positive_ints(argparse.ArgumentParser(), "--sizes", "10,200")
+        [10, 200]
+    """
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"{flag} must be comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        parser.error(f"{flag} must be integers >= 1, got {text!r}")
+    return values

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from benchmarks.cli_args import positive_ints
 from sidecar.contract import write_text_atomically
 from spark_ext.answer_store import AnswerStore
 from spark_ext.answers import build_answers
@@ -155,12 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=20, help="micro-batches timed per size")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for JSON and plot")
     args = p.parse_args(argv)
-    try:
-        sizes = [int(s) for s in args.sizes.split(",") if s]
-    except ValueError:
-        p.error(f"--sizes must be integers, got {args.sizes!r}")
-    if not sizes or min(sizes) <= 0 or args.batches < 1:
-        p.error("--sizes must be positive and --batches >= 1")
+    sizes = positive_ints(p, "--sizes", args.sizes)
+    if args.batches < 1:
+        p.error("--batches must be >= 1")
     run(sizes, args.batches, args.out)
     return 0
 

@@ -28,6 +28,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from benchmarks.cli_args import positive_ints
 from sidecar.contract import percentiles, write_text_atomically
 from spark_ext.config import EmbeddingConfig, KnowledgeBaseConfig
 from spark_ext.embedding import embed_column, embed_texts, task_device
@@ -139,12 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=50, help="search calls per batch size")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON")
     args = p.parse_args(argv)
-    try:
-        sizes = [int(s) for s in args.batch_sizes.split(",") if s]
-    except ValueError:
-        p.error(f"--batch-sizes must be integers, got {args.batch_sizes!r}")
-    if not sizes or min(sizes) < 1 or args.rows < 1 or args.repeats < 1 or args.cores < 1:
-        p.error("--rows, --cores, --repeats and --batch-sizes must be >= 1")
+    sizes = positive_ints(p, "--batch-sizes", args.batch_sizes)
+    if args.rows < 1 or args.repeats < 1 or args.cores < 1:
+        p.error("--rows, --cores and --repeats must be >= 1")
     run(args.rows, args.cores, sizes, args.repeats, args.out)
     return 0
 
