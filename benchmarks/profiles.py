@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.distributions import ArrivalProcess, LengthDistribution, check_int
-from sidecar.contract import PRIORITY_NAMES, as_dataclass, read_yaml
+from sidecar.contract import PRIORITY_NAMES, as_dataclass, conf_dir, read_yaml
 
-PROFILES_DIR = Path(__file__).resolve().parents[1] / "conf" / "profiles"
-"""Where bare profile names resolve (``<repo>/conf/profiles``)."""
+PROFILES_DIR = conf_dir() / "profiles"
+"""Where bare profile names resolve (``conf/profiles`` of the checkout, or the copy an
+installed wheel carries)."""
 
 DEFAULT_STABLE_PREFIX = (
     "You are a support assistant for an online shop. Read the customer's ticket below and "

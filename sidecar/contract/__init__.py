@@ -28,6 +28,9 @@ from sidecar.contract.files import (
     write_text_atomically,
 )
 
+# From sidecar.contract.shipped
+from sidecar.contract.shipped import conf_dir
+
 # From sidecar.contract.percentiles
 from sidecar.contract.percentiles import percentile, percentiles
 
@@ -70,6 +73,7 @@ __all__ = [
     "as_dataclass",
     "attributes_problem",
     "build_sections",
+    "conf_dir",
     "now_ms",
     "percentile",
     "percentiles",

@@ -79,6 +79,14 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # The shipped conf/ travels in the wheel, found by conf_dir() from any folder.
+    shipped = venv / "share" / "sts-spark" / "conf"
+    found = subprocess.run([py, "-c", "from sidecar.contract import conf_dir; print(conf_dir())"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip() == str(shipped), found.stdout + found.stderr
+    for name in ("sidecar.yaml", "pipeline.yaml", "profiles/seed-200qps.yaml",
+                 "cluster/databricks-init.sh", "cluster/k8s-pod-template.yaml"):
+        assert (shipped / name).is_file(), name
     usage = subprocess.run([str(venv / "bin" / "sts"), "demo", "--engine", "simulated"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2
