@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,8 +45,13 @@ ANSWER_SCHEMA = pa.schema([
     ("latency_ms", pa.int64()),
     ("deadline_met", pa.bool_()),
     ("backfilled_at", pa.int64()),
+    ("kb_ids", pa.string()),
     ("enqueue_hour", pa.string()),
 ])
+
+#: The retrieved article ids of a request: a column of the request rows (L2) and the
+#: request attribute that carries them to the result row (comma-joined).
+KB_IDS = "kb_ids"
 
 #: ``reason`` of a safety-net fallback: no result row came by deadline + grace.
 NO_RESULT = "no_result"
@@ -119,11 +125,26 @@ def answers_from_results(results: pa.Table, *, key_columns: list[str], fallback_
             "fallback_text": None if ok else fallback,
             "enqueue_ts": r.get("enqueue_ts"), "submit_ts": r.get("submit_ts"),
             "received_ts": r.get("received_ts"), "finish_ts": r.get("finish_ts"),
-            "deadline_ts": r.get("deadline_ts"),
+            "deadline_ts": r.get("deadline_ts"), "kb_ids": attrs.get(KB_IDS),
         }
         row.update({k: attrs.get(k) for k in key_columns if k not in row})
         out.append(row)
     return out
+
+
+def joined_ids(ids: Any) -> str | None:
+    """Retrieved article ids as the answers table keeps them: ``"a,b"`` (``None``: no
+    retrieval ran).
+
+    Example:
+        >>> joined_ids(["faq-1", "kb-7"]), joined_ids(None), joined_ids("faq-2")
+        ('faq-1,kb-7', None, 'faq-2')
+    """
+    if ids is None:
+        return None
+    if isinstance(ids, str):
+        return ids
+    return ",".join(str(i) for i in ids)
 
 
 def answers_from_refusals(acks: pa.Table, *, key_columns: list[str], fallback_text: str
@@ -142,6 +163,7 @@ def answers_from_refusals(acks: pa.Table, *, key_columns: list[str], fallback_te
             "reason": reason, "fallback_text": fallback,
             "enqueue_ts": a.get("enqueue_ts"), "submit_ts": a.get("submit_ts"),
             "received_ts": None, "finish_ts": None, "deadline_ts": a.get("deadline_ts"),
+            "kb_ids": joined_ids(a.get(KB_IDS)),
         }
         row.update({k: a.get(k) for k in key_columns if k not in row})
         out.append(row)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from spark_ext.answers import joined_ids
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineConfigError
 
@@ -171,7 +172,9 @@ def fast_answers(rows: Iterable[Mapping[str, Any]], *, key_columns: list[str], r
                "priority": r.get("priority"), "answer": answer, "answer_source": source,
                "status": status, "reason": reason, "fallback_text": None,
                "enqueue_ts": r.get("enqueue_ts"), "submit_ts": None, "received_ts": None,
-               "finish_ts": None, "deadline_ts": r.get("deadline_ts")}
+               "finish_ts": None, "deadline_ts": r.get("deadline_ts"),
+               "kb_ids": (joined_ids(r.get("kb_answer_id")) if route == "kb"
+                          else joined_ids(r.get("kb_ids")))}
         row.update({k: r.get(k) for k in key_columns if k not in row})
         out.append(row)
     return out

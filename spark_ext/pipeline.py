@@ -40,7 +40,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sidecar.contract import now_ms
 from spark_ext import fast_path
 from spark_ext.answer_store import AnswerStore
-from spark_ext.answers import (answers_from_refusals, answers_from_results, invalid_results,
+from spark_ext.answers import (KB_IDS, answers_from_refusals, answers_from_results, invalid_results,
                                reject_invalid, review_rows)
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineFailedError
@@ -192,8 +192,10 @@ class StsPipeline:
             to_llm = batch.where(F.col("route") == "llm").drop(
                 *[c for c in ("kb_texts", "kb_context", "kb_answer", "kb_answer_id")
                   if c in batch.columns])
+            carried = [*self.config.tagging.key_columns,
+                       *([KB_IDS] if KB_IDS in to_llm.columns else [])]
             self._write_submitted(submit_requests(
-                to_llm, self.config.sidecar, self.config.tagging.key_columns,
+                to_llm, self.config.sidecar, carried,
                 {PIPELINE_ATTRIBUTE: self.pipeline_id}), batch_id)
         finally:
             batch.unpersist()

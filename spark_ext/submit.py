@@ -45,6 +45,13 @@ def resolve_endpoint(config: SidecarEndpointConfig) -> str:
     return endpoint_for(config, task_gpu() if config.gpu_endpoint else None)
 
 
+def _attribute(value: object) -> str:
+    """A column value as a request attribute: lists comma-joined, anything else ``str``."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
 def _refused(n: int, reason: str, detail: str, now: int, endpoint: str) -> dict[str, list]:
     return {"accepted": [False] * n, "reason": [reason] * n, "detail": [detail] * n,
             "duplicate": [False] * n, "submit_ts": [now] * n, "sidecar_id": [None] * n,
@@ -77,7 +84,7 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                 for r in rows:
                     r["submit_ts"] = now
                     r["attributes"] = {**(extra_attributes or {}),
-                                       **{c: str(r[c]) for c in attribute_columns
+                                       **{c: _attribute(r[c]) for c in attribute_columns
                                           if r.get(c) is not None}}
                 try:
                     reply = client.submit([request_to_proto(r) for r in rows])

@@ -289,6 +289,11 @@ def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
     submitted = pipeline.store.read("requests").to_pylist()
     assert sorted(r["event_id"] for r in submitted) == ["e3", "e4"]
     assert all(len(r["kb_ids"]) == kb.top_k and r["route"] == "llm" for r in submitted)
+    # Every answer row says which articles it used: the FAQ it answered from, or the
+    # articles retrieved into the model's prompt (carried to the result as an attribute).
+    assert by_event["e2"]["kb_ids"] == "faq-shipping-countries"
+    for r in submitted:
+        assert by_event[r["event_id"]]["kb_ids"] == ",".join(r["kb_ids"])
 
 
 def test_fast_path_with_rules_only_needs_no_model(spark) -> None:
