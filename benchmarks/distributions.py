@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where samples are drawn: `sts plan` needs none
+    import numpy as np
 
 ArrivalKind = Literal["poisson", "bursty"]
 
@@ -131,9 +132,12 @@ class LengthDistribution:
 
         Example:
             >>> d = LengthDistribution(p50=24, p90=48, p99=96, cap=128)
+            >>> import numpy as np
             >>> int(d.sample(np.random.default_rng(0), 1000).max()) <= 128
             True
         """
+        import numpy as np
+
         mu, sigma = self.lognormal_params()
         out = np.clip(np.rint(rng.lognormal(mu, sigma, size=n)), 1, self.cap).astype(np.int64)
         if k := self.long_count(n):
@@ -224,6 +228,8 @@ class ArrivalProcess:
 
     def in_burst(self, t: np.ndarray) -> np.ndarray:
         """Whether each time ``t`` (seconds from 0) falls in a burst (all ``False`` for poisson)."""
+        import numpy as np
+
         t = np.asarray(t, dtype=float)
         if self.kind == "poisson":
             return np.zeros(t.shape, dtype=bool)
@@ -231,6 +237,8 @@ class ArrivalProcess:
 
     def _segments(self, duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Starts, lengths and rates of the constant-rate pieces covering ``[0, duration_s)``."""
+        import numpy as np
+
         if self.kind == "poisson":
             return np.array([0.0]), np.array([duration_s]), np.array([float(self.rate_per_s)])
         period, on = self.burst_period_s, self.burst_duty * self.burst_period_s
@@ -249,10 +257,13 @@ class ArrivalProcess:
         process).
 
         Example:
+            >>> import numpy as np
             >>> t = ArrivalProcess(rate_per_s=50).arrival_times(np.random.default_rng(0), 10)
             >>> bool(np.all(np.diff(t) >= 0)) and 400 < len(t) < 600
             True
         """
+        import numpy as np
+
         if not duration_s > 0:
             raise ValueError(f"{duration_s=} must be positive")
         starts, lengths, rates = self._segments(float(duration_s))

@@ -87,6 +87,11 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
     for name in ("sidecar.yaml", "pipeline.yaml", "profiles/seed-200qps.yaml",
                  "cluster/databricks-init.sh", "cluster/k8s-pod-template.yaml"):
         assert (shipped / name).is_file(), name
+    # Capacity planning needs no Spark side: a shipped profile by name, from any folder.
+    plan = subprocess.run([str(venv / "bin" / "sts"), "plan", "--profile", "seed-200qps"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    assert "Profile seed-200qps" in plan.stdout and "GPUs:" in plan.stdout, plan.stdout
     usage = subprocess.run([str(venv / "bin" / "sts"), "demo", "--engine", "simulated"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2
