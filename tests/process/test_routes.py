@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,45 @@ def test_demo_from_the_venv_sts_with_another_python3_first_on_path(tmp_path: Pat
     assert summary["answers"] == summary["events"] == 16
     assert summary["answers_by_source"].get("llm", 0) > 0, summary
     assert shutil.which("python3", path=env["PATH"]) != sys.executable
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_demo_stops_at_once_with_one_line_when_its_sidecar_dies(tmp_path: Path) -> None:
+    """kill -9 of the demo's sidecar mid-run: the demo stops with a one-line error, prints
+    the summary marked INCOMPLETE and exits 1 (no summary of zeros, no traceback); py4j's
+    INFO lines stay out of the output."""
+    out = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    demo = subprocess.Popen([str(BIN / "sts"), "demo", "--engine", "simulated", "--rate", "4",
+                             "--duration", "60", "--out", str(out)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in demo.stdout:  # the first progress line: events are flowing
+            lines.append(line)
+            if line.startswith("[") and "replaying" in line:
+                break
+        found = subprocess.run(["pgrep", "-f", "--", f"--results-dir {out / 'results'}"],
+                               capture_output=True, text=True)
+        pids = [int(p) for p in found.stdout.split()]
+        assert pids, "".join(lines)[-2000:]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        started = time.monotonic()
+        rest, stderr = demo.communicate(timeout=300)
+        took = time.monotonic() - started
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    stdout = "".join(lines) + rest
+    assert demo.returncode == 1, stdout[-2000:] + stderr[-2000:]
+    assert took < 60, f"the demo noticed the dead sidecar only after {took:.0f} s"
+    assert "INCOMPLETE" in stdout and "=== sts demo summary ===" in stdout
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("sts demo:") and "sidecar" in last, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert "py4j" not in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["incomplete"]
