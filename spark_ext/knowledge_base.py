@@ -78,6 +78,14 @@ def _check_lite_path(uri: str) -> Path:
     return path.absolute()
 
 
+def _check_replaceable(path: Path) -> None:
+    """A build replaces ``path``: only a Milvus Lite database (or nothing) may be there,
+    never a file or folder of the user's that merely ends in ``.db``."""
+    if path.exists() and not (path.is_dir() and (path / "collections").is_dir()):
+        raise KnowledgeBaseError(f"{path} exists and is not a Milvus Lite database; "
+                                 "choose another knowledge_base.uri (nothing was changed)")
+
+
 def _bounded(limit: int) -> Any:
     def check(value: Any) -> str | None:
         if msg := non_empty_string(value):
@@ -197,6 +205,8 @@ def build_knowledge_base(input_path: str | os.PathLike[str], kb: KnowledgeBaseCo
 
     start = time.monotonic()
     articles = read_articles(input_path)
+    if not is_server_uri(kb.uri):
+        _check_replaceable(_check_lite_path(kb.uri))
     vectors = embed_texts([article_document(a) for a in articles], embedding)
     dim = int(vectors.shape[1])
     if is_server_uri(kb.uri):
@@ -213,6 +223,7 @@ def build_knowledge_base(input_path: str | os.PathLike[str], kb: KnowledgeBaseCo
 def _publish_lite(kb: KnowledgeBaseConfig, articles: list[dict[str, Any]],
                   vectors: "np.ndarray", dim: int) -> None:
     path = _check_lite_path(kb.uri)
+    _check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.stem}.building-{os.getpid()}.db")
     shutil.rmtree(staging, ignore_errors=True)

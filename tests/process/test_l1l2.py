@@ -156,6 +156,17 @@ def test_kb_commands_build_search_and_report_bad_input(tmp_path: Path, capsys) -
     assert "run `sts kb build`" in capsys.readouterr().err
     assert sts(["kb", "search", "hello", "--uri", uri, "--collection", "other"]) == 2
     assert "no collection 'other'" in capsys.readouterr().err
+    # A folder or file of the user's that merely ends in .db is never replaced.
+    mine = tmp_path / "thesis.db"
+    mine.mkdir()
+    (mine / "chapter1.txt").write_text("keep me", encoding="utf-8")
+    sqlite = tmp_path / "app.db"
+    sqlite.write_bytes(b"SQLite format 3\x00")
+    for target in (mine, sqlite):
+        assert sts(["kb", "build", "--input", str(ARTICLES), "--uri", str(target)]) == 2
+        assert "is not a Milvus Lite database" in capsys.readouterr().err
+    assert (mine / "chapter1.txt").read_text(encoding="utf-8") == "keep me"
+    assert sqlite.read_bytes() == b"SQLite format 3\x00"
 
 
 # ------------------------------------------------------------------ L1 classifier
