@@ -264,7 +264,9 @@ def test_killed_sidecar_every_event_answered_once_without_a_drain(
     within deadline + grace + 5 s although no result ever comes; with a restart, later
     events get model answers again; no event has two answers, none has none."""
     port = free_port()
+    # Every request in the engine at once: the shipped pool caps (low 1) would queue lows.
     sidecar = _sim_sidecar(tmp_path, "victim", "--max-in-flight", "16",
+                           "--set", "scheduler.pools.low.max_in_flight=3",
                            port=port).__enter__()
     cfg = _config(tmp_path, sidecar.target, str(tmp_path / "results"),
                   source={"schema": "event_id STRING, text STRING, priority STRING, "
