@@ -149,6 +149,12 @@ def test_pipeline_answers_from_results_submits_once_and_replays_write_nothing_tw
     pipeline = StsPipeline(spark, cfg)
     pipeline.start()
     try:
+        # Local checkpoints: the faster FileSystem-based manager, for our queries only.
+        managers = {q.name: q._jsq.streamingQuery().offsetLog().fileManager().getClass().getName()
+                    for q in pipeline.queries}
+        assert all(m.endswith("FileSystemBasedCheckpointFileManager") for m in managers.values()), \
+            managers
+        assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass", None) is None
         answers = _run_until(pipeline, lambda a: len(a) == 6)
     finally:
         pipeline.stop()
