@@ -379,8 +379,11 @@ class MaintenanceConfig:
     vacuum_retention_hours: int = 168
     """Files no longer in a table are deleted when older than this."""
 
-    results_retention_s: float = 3600.0
-    """Result files are deleted this long after the answers query has read them."""
+    results_retention_s: float = 600.0
+    """Result files are deleted this long after they landed, once the answers query has
+    read them. The results source lists the folder whenever a file lands, so this
+    bounds that listing (3,000 files at 5 files/s); another pipeline sharing the folder
+    must read its rows within it."""
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.vacuum_retention_hours < 0 or \

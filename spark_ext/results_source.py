@@ -108,18 +108,33 @@ class ResultFile:
     seq: int
 
 
-def list_result_files(folder: str | os.PathLike[str]) -> list[ResultFile]:
-    """Visible result files of ``folder``, ordered by stream and ``seq`` (others ignored)."""
-    out = []
+def list_result_files(folder: str | os.PathLike[str],
+                      known: dict[str, ResultFile | None] | None = None) -> list[ResultFile]:
+    """Visible result files of ``folder``, ordered by stream and ``seq`` (others ignored).
+
+    ``known`` caches what each name parsed to between calls (updated in place, names
+    gone from the folder dropped): a folder that keeps the retention's worth of files
+    costs one ``scandir`` per listing, not a name parse per file.
+    """
     try:
         entries = list(os.scandir(folder))
     except FileNotFoundError:
+        if known is not None:
+            known.clear()
         return []
+    cache = known if known is not None else {}
+    seen: dict[str, ResultFile | None] = {}
     for entry in entries:
-        key = parse_result_file_name(entry.name) if entry.is_file() else None
-        if key is not None:
-            out.append(ResultFile(entry.path, key.stream, key.seq))
-    return sorted(out, key=lambda f: (f.stream, f.seq))
+        name = entry.name
+        if name in cache:
+            seen[name] = cache[name]
+            continue
+        key = parse_result_file_name(name) if entry.is_file() else None
+        seen[name] = ResultFile(entry.path, key.stream, key.seq) if key is not None else None
+    if known is not None:
+        known.clear()
+        known.update(seen)
+    return sorted((f for f in seen.values() if f is not None), key=lambda f: (f.stream, f.seq))
 
 
 class _CachedListing:
@@ -140,6 +155,7 @@ class _CachedListing:
         self._mtime_ns: int | None = None
         self._settled = False
         self._files: list[ResultFile] = []
+        self._known: dict[str, ResultFile | None] = {}
 
     def files(self) -> list[ResultFile]:
         try:
@@ -149,7 +165,7 @@ class _CachedListing:
             return []
         if not (self._settled and mtime == self._mtime_ns):
             listed_at = time.time_ns()
-            self._files = list_result_files(self.folder)
+            self._files = list_result_files(self.folder, self._known)
             self._mtime_ns = mtime
             self._settled = listed_at - mtime > self._SETTLED_NS
         return self._files
@@ -180,7 +196,7 @@ class ResultsStreamReader(DataSourceStreamReader):
         options = {k.lower(): v for k, v in options.items()}
         self.path = options["path"]
         self.quarantine_dir = options.get("quarantinedir") or str(Path(self.path) / QUARANTINE_DIR)
-        self.retention_s = float(options.get("retentionseconds", "3600"))
+        self.retention_s = float(options.get("retentionseconds", "600"))
         self.files_per_partition = int(options.get("filesperpartition", "64"))
         self._checked: set[str] = set()
         self._listing = _CachedListing(self.path)
@@ -297,7 +313,7 @@ class ResultsDataSource(DataSource):
 
     Options: ``path`` (the results folder, required), ``quarantineDir`` (default
     ``<path>/quarantine``), ``retentionSeconds`` (keep read files this long, default
-    3600), ``reader`` (``simple``, the default: read on the driver, least latency per
+    600), ``reader`` (``simple``, the default: read on the driver, least latency per
     micro-batch; ``partitioned``: one Spark task per ``filesPerPartition`` files, for
     high result rates), ``filesPerPartition`` (default 64).
     """

@@ -227,3 +227,21 @@ def test_simple_reader_reads_on_the_driver_and_replays_a_range(tmp_path: Path) -
     assert again == rows
     empty, same = reader.read(end)
     assert list(empty) == [] and same == end
+
+
+def test_listing_parses_each_name_once_and_forgets_removed_files(tmp_path: Path) -> None:
+    from spark_ext.results_source import list_result_files
+
+    results = tmp_path / "results"
+    first = _write(results, result_file_name(NOW, 0, "sc"), _results(_result("a")))
+    (results / "notes.txt").write_text("not a result file")
+    known: dict = {}
+    assert [f.seq for f in list_result_files(results, known)] == [0]
+    assert set(known) == {first.name, "notes.txt"} and known["notes.txt"] is None
+    known[first.name] = known[first.name].__class__(str(first), "cached", 0)  # reused, not re-parsed
+    second = _write(results, result_file_name(NOW, 1, "sc"), _results(_result("b")))
+    assert [(f.stream, f.seq) for f in list_result_files(results, known)] == \
+        [("cached", 0), (f"sc@{NOW}", 1)]
+    first.unlink()
+    assert [(f.stream, f.seq) for f in list_result_files(results, known)] == [(f"sc@{NOW}", 1)]
+    assert set(known) == {second.name, "notes.txt"}
