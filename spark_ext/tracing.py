@@ -1,0 +1,184 @@
+"""L1 and L4 spans of the Spark side (OpenTelemetry; README "Tracing").
+
+In the Spark task (:class:`SubmitSpans`, used by :mod:`spark_ext.submit`), per
+``SubmitBatch`` of a micro-batch::
+
+    sts.l1.event          one per event: enqueue_ts .. ack; the event's span (its id
+                          is derived from the request id), a root span or a child of
+                          the event's own traceparent column
+      sts.l1.submit       the SubmitBatch call, linked to the batch's span
+    sts.l1.submit_batch   one per SubmitBatch, linked to its events' spans
+
+The request carries the event span as its ``traceparent`` attribute, so the sidecar's
+L3 spans and the driver's L4 spans (:class:`AnswerSpans`: ``sts.l4.answer``,
+``sts.l4.fallback``, ``sts.l4.backfill``) are its children. With tracing on, the
+request's ``trace_id`` is the W3C trace id (by default the ``request_id``, which is
+one already).
+
+The driver decides: when its ``OTEL_*`` variables switch tracing on, they travel
+with the submit step to the Python workers (a variable a worker already has, e.g.
+from ``spark.executorEnv.OTEL_*``, wins). Tasks flush their spans when they end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sidecar.contract import (
+    TRACEPARENT,
+    Tracing,
+    attributes_problem,
+    event_span_id,
+    format_traceparent,
+    otel_environment,
+    parse_traceparent,
+    start_tracing,
+    tracing_requested,
+    w3c_trace_id,
+)
+
+_MS = 1_000_000
+_providers: dict[tuple[str, frozenset[tuple[str, str]]], Tracing | None] = {}
+
+
+def _tracing(component: str) -> Tracing | None:
+    """This process's tracer provider for ``component`` (one per ``OTEL_*`` setting)."""
+    key = (component, frozenset(otel_environment().items()))
+    if key not in _providers:
+        _providers[key] = start_tracing(component, "sts-spark")
+    return _providers[key]
+
+
+def driver_otel_env() -> dict[str, str]:
+    """The driver's ``OTEL_*`` variables when they switch tracing on, else ``{}``."""
+    return otel_environment() if tracing_requested() else {}
+
+
+def task_tracing(otel_env: Mapping[str, str]) -> Tracing | None:
+    """The Spark task's tracer (``None``: tracing off). ``otel_env`` (the driver's
+    variables) fills in what the worker's own environment lacks."""
+    for name, value in otel_env.items():
+        os.environ.setdefault(name, value)
+    if not otel_env and not tracing_requested():
+        return None
+    return _tracing("spark-task")
+
+
+class SubmitSpans:
+    """The L1 spans of one ``SubmitBatch``: call :meth:`prepare` on the request rows
+    before sending them (it sets ``trace_id`` and the ``traceparent`` attribute), then
+    :meth:`end` with the acks.
+
+    Args:
+        tracing: The task's tracer.
+        traceparent_column: The events' traceparent column (``""``: none).
+    """
+
+    def __init__(self, tracing: Tracing, traceparent_column: str = "") -> None:
+        self.tracing = tracing
+        self.traceparent_column = traceparent_column
+        self._events: list[Any] = []
+        self.sent_ns = 0
+
+    def prepare(self, rows: list[dict]) -> None:
+        """Start each event's span; give each row its W3C ``trace_id`` and traceparent."""
+        self.sent_ns = now = time.time_ns()
+        for r in rows:
+            rid = r.get("request_id") or ""
+            incoming = (parse_traceparent(r.get(self.traceparent_column))
+                        if self.traceparent_column else None)
+            trace_id = incoming[0] if incoming else w3c_trace_id(r.get("trace_id"), rid)
+            span_id = event_span_id(rid)
+            r["trace_id"] = trace_id
+            enqueue = r.get("enqueue_ts")
+            start = min(enqueue * _MS, now) if isinstance(enqueue, int) and enqueue > 0 else now
+            self._events.append(self.tracing.span(
+                "sts.l1.event", parent=incoming, trace_id=trace_id, span_id=span_id,
+                start_ns=start, attributes=_event_attributes(r)))
+            attributes = {**r["attributes"], TRACEPARENT: format_traceparent(trace_id, span_id)}
+            if attributes_problem(attributes) is None:  # never refused for its traceparent
+                r["attributes"] = attributes
+
+    def end(self, accepted: Sequence[bool], reasons: Sequence[str | None], endpoint: str
+            ) -> None:
+        """The acks came (or the sidecar could not be reached): end the spans."""
+        done = time.time_ns()
+        t = self.tracing
+        batch = t.span("sts.l1.submit_batch", start_ns=self.sent_ns,
+                       attributes={"sts.requests": len(self._events), "sts.endpoint": endpoint},
+                       links=[t.link(e) for e in self._events[:128]])
+        for event, ok, reason in zip(self._events, accepted, reasons):
+            submit = t.span("sts.l1.submit", parent=event, start_ns=self.sent_ns,
+                            attributes={"sts.accepted": ok, "sts.reason": reason or ""},
+                            links=[t.link(batch)])
+            submit.end(end_time=done)
+            event.end(end_time=done)
+        batch.end(end_time=done)
+        self._events = []
+
+
+def _event_attributes(r: Mapping[str, Any]) -> dict[str, Any]:
+    attributes = {"sts.request_id": r.get("request_id") or "",
+                  "sts.priority": r.get("priority") or ""}
+    if r.get("route"):
+        attributes["sts.route"] = r["route"]
+    return attributes
+
+
+class AnswerSpans:
+    """L4 spans on the driver, children of each event's span: an answer row landed
+    (``sts.l4.answer``: ``llm``, ``rule``, ``kb``), a fallback (``sts.l4.fallback``) or
+    a backfill (``sts.l4.backfill``).
+
+    Args:
+        tracing: The driver's tracer.
+    """
+
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+
+    def answered(self, rows: Iterable[Mapping[str, Any]], answered_ms: int) -> None:
+        """Answer rows were appended to the ``answers`` table."""
+        end = answered_ms * _MS
+        for r in rows:
+            source = r.get("answer_source") or ""
+            start = next((r[c] for c in ("finish_ts", "submit_ts", "enqueue_ts")
+                          if isinstance(r.get(c), int) and r[c] > 0), answered_ms) * _MS
+            self._span("sts.l4.fallback" if source == "fallback" else "sts.l4.answer", r,
+                       min(start, end), end, {"sts.answer_source": source,
+                                              "sts.status": r.get("status") or "",
+                                              "sts.reason": r.get("reason") or ""})
+
+    def backfilled(self, results: pa.Table, request_ids: Iterable[str], answered_ms: int
+                   ) -> None:
+        """Fallback answers were upgraded with these ``ok`` result rows."""
+        ids = pa.array(list(request_ids), pa.string())
+        rows = results.filter(pc.is_in(results.column("request_id"), ids)).select(
+            ["request_id", "trace_id", "finish_ts"]).to_pylist()
+        end = answered_ms * _MS
+        for r in rows:
+            start = min((r["finish_ts"] or answered_ms) * _MS, end)
+            self._span("sts.l4.backfill", r, start, end, {"sts.answer_source": "backfill"})
+
+    def _span(self, name: str, r: Mapping[str, Any], start: int, end: int,
+              attributes: dict[str, Any]) -> None:
+        rid = r.get("request_id") or ""
+        parent = (w3c_trace_id(r.get("trace_id"), rid), event_span_id(rid))
+        self.tracing.span(name, parent=parent, start_ns=start,
+                          attributes={"sts.request_id": rid, **attributes}).end(end_time=end)
+
+    def flush(self) -> None:
+        """Export the spans written so far (pipeline stop)."""
+        self.tracing.flush()
+
+
+def answer_spans() -> AnswerSpans | None:
+    """The driver's L4 tracer when the ``OTEL_*`` variables switch tracing on."""
+    tracing = _tracing("spark-driver") if tracing_requested() else None
+    return AnswerSpans(tracing) if tracing is not None else None
