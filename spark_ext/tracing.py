@@ -22,6 +22,7 @@ from ``spark.executorEnv.OTEL_*``, wins). Tasks flush their spans when they end.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +43,8 @@ from sidecar.contract import (
     tracing_requested,
     w3c_trace_id,
 )
+
+logger = logging.getLogger(__name__)
 
 _MS = 1_000_000
 _providers: dict[tuple[str, frozenset[tuple[str, str]]], Tracing | None] = {}
@@ -87,7 +90,14 @@ class SubmitSpans:
         self.sent_ns = 0
 
     def prepare(self, rows: list[dict]) -> None:
-        """Start each event's span; give each row its W3C ``trace_id`` and traceparent."""
+        """Start each event's span; give each row its W3C ``trace_id`` and traceparent.
+        A failure to trace is logged, never raised (the requests go out untraced)."""
+        try:
+            self._prepare(rows)
+        except Exception:
+            logger.warning("Tracing the submitted requests failed.", exc_info=True)
+
+    def _prepare(self, rows: list[dict]) -> None:
         self.sent_ns = now = time.time_ns()
         for r in rows:
             rid = r.get("request_id") or ""
@@ -108,6 +118,13 @@ class SubmitSpans:
     def end(self, accepted: Sequence[bool], reasons: Sequence[str | None], endpoint: str
             ) -> None:
         """The acks came (or the sidecar could not be reached): end the spans."""
+        try:
+            self._end(accepted, reasons, endpoint)
+        except Exception:
+            logger.warning("Tracing the submitted requests failed.", exc_info=True)
+
+    def _end(self, accepted: Sequence[bool], reasons: Sequence[str | None], endpoint: str
+             ) -> None:
         done = time.time_ns()
         t = self.tracing
         batch = t.span("sts.l1.submit_batch", start_ns=self.sent_ns,
@@ -144,7 +161,14 @@ class AnswerSpans:
         self.tracing = tracing
 
     def answered(self, rows: Iterable[Mapping[str, Any]], answered_ms: int) -> None:
-        """Answer rows were appended to the ``answers`` table."""
+        """Answer rows were appended to the ``answers`` table (a failure to trace is
+        logged, never raised)."""
+        try:
+            self._answered(rows, answered_ms)
+        except Exception:
+            logger.warning("Tracing the answers failed.", exc_info=True)
+
+    def _answered(self, rows: Iterable[Mapping[str, Any]], answered_ms: int) -> None:
         end = answered_ms * _MS
         for r in rows:
             source = r.get("answer_source") or ""
@@ -158,6 +182,13 @@ class AnswerSpans:
     def backfilled(self, results: pa.Table, request_ids: Iterable[str], answered_ms: int
                    ) -> None:
         """Fallback answers were upgraded with these ``ok`` result rows."""
+        try:
+            self._backfilled(results, request_ids, answered_ms)
+        except Exception:
+            logger.warning("Tracing the backfills failed.", exc_info=True)
+
+    def _backfilled(self, results: pa.Table, request_ids: Iterable[str], answered_ms: int
+                    ) -> None:
         ids = pa.array(list(request_ids), pa.string())
         rows = results.filter(pc.is_in(results.column("request_id"), ids)).select(
             ["request_id", "trace_id", "finish_ts"]).to_pylist()

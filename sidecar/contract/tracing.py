@@ -143,7 +143,7 @@ class Tracing:
         attributes: dict[str, str] = {"sts.component": component}
         if not os.environ.get("OTEL_SERVICE_NAME"):
             attributes[SERVICE_NAME] = service_name
-        self._ids = _ChosenIds()
+        self._ids = _chosen_ids()
         self.provider = TracerProvider(resource=Resource.create(attributes),
                                        id_generator=self._ids)
         for e in [exporter] if exporter is not None else _configured_exporters():
@@ -224,21 +224,23 @@ def _configured_exporters() -> list[Any]:
     return exporters
 
 
-class _ChosenIds:
-    """Random ids, except the ones chosen for the next span of this thread."""
+def _chosen_ids() -> Any:
+    """An SDK id generator: random ids, except the ones chosen (``choose``) for the
+    next span of this thread."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-    def __init__(self) -> None:
-        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    class ChosenIds(RandomIdGenerator):
+        def __init__(self) -> None:
+            self._local = threading.local()
 
-        self._random = RandomIdGenerator()
-        self._local = threading.local()
+        def choose(self, trace_id: str | None, span_id: str | None) -> None:
+            self._local.trace_id = int(trace_id, 16) if trace_id else None
+            self._local.span_id = int(span_id, 16) if span_id else None
 
-    def choose(self, trace_id: str | None, span_id: str | None) -> None:
-        self._local.trace_id = int(trace_id, 16) if trace_id else None
-        self._local.span_id = int(span_id, 16) if span_id else None
+        def generate_span_id(self) -> int:
+            return getattr(self._local, "span_id", None) or super().generate_span_id()
 
-    def generate_span_id(self) -> int:
-        return getattr(self._local, "span_id", None) or self._random.generate_span_id()
+        def generate_trace_id(self) -> int:
+            return getattr(self._local, "trace_id", None) or super().generate_trace_id()
 
-    def generate_trace_id(self) -> int:
-        return getattr(self._local, "trace_id", None) or self._random.generate_trace_id()
+    return ChosenIds()
