@@ -94,7 +94,7 @@ def render_trace(spans: Iterable[dict[str, Any]], trace_id: str) -> list[str]:
         lines.append(f"{pad}{_label(span)}  +{(start - t0) / 1e6:.1f} ms  "
                      f"{(end - start) / 1e6:.1f} ms{orphan}")
         for e in span.get("events") or []:
-            lines.append(f"{pad}    * {e['name']}  +{(e['time_ns'] - t0) / 1e6:.1f} ms")
+            lines.append(f"{pad}  * {e['name']}  +{(e['time_ns'] - t0) / 1e6:.1f} ms")
         for child in children[span["span_id"]]:
             walk(child, depth + 1)
 

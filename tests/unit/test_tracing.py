@@ -106,7 +106,7 @@ def test_receiver_captures_an_otlp_export_and_trace_show_prints_the_tree(
     assert lines == [f"trace {PARENT[0]}",
                      "sts.l1.event [spark-task] request_id=r1  +0.0 ms  10.0 ms",
                      "  sts.l1.submit [spark-task]  +2.0 ms  2.5 ms",
-                     "      * first_token  +3.0 ms"]
+                     "    * first_token  +3.0 ms"]
     assert main(["trace", "show", str(out), "--trace-id", "ab" * 16]) == 2
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     assert main(["trace", "show", str(tmp_path / "bad.jsonl")]) == 2
