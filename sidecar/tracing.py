@@ -1,7 +1,7 @@
 """L3 spans of a traced request, written once its result row is on disk.
 
-A request is traced when it carries the ``traceparent`` attribute and tracing is
-on (:func:`sidecar.contract.start_tracing`). The hot path only records times: the
+A request is traced when it carries a sampled ``traceparent`` attribute and tracing
+is on (:func:`sidecar.contract.start_tracing`). The hot path only records times: the
 servicer notes each batch's admission (:meth:`SidecarTracer.admitted`), the
 scheduler each dispatch into the engine (:meth:`SidecarTracer.dispatched`). When
 the result writer has made a row visible (:meth:`SidecarTracer.written`), the
@@ -24,7 +24,13 @@ import time
 from collections.abc import Sequence
 
 from sidecar.admission import Ack
-from sidecar.contract import TRACEPARENT, Tracing, parse_traceparent, start_tracing
+from sidecar.contract import (
+    TRACEPARENT,
+    Tracing,
+    parse_traceparent,
+    start_tracing,
+    traceparent_sampled,
+)
 from sidecar.request_state import ResultRecord, SidecarRequest
 
 logger = logging.getLogger(__name__)
@@ -62,8 +68,10 @@ class SidecarTracer:
         """Result rows are visible to readers: build the spans of the traced ones."""
         now = time.time_ns()
         for row in rows:
-            parent = parse_traceparent(row.attributes.get(TRACEPARENT))
-            if parent is None:
+            traceparent = row.attributes.get(TRACEPARENT)
+            parent = parse_traceparent(traceparent)
+            if parent is None or not traceparent_sampled(traceparent):
+                self._forget(row)
                 continue
             try:
                 if row.late:
@@ -72,6 +80,11 @@ class SidecarTracer:
                     self._request_spans(row, parent, now)
             except Exception:  # a span is never worth a result
                 logger.debug("Could not trace %s.", row.request_id, exc_info=True)
+
+    def _forget(self, row: ResultRecord) -> None:
+        if not row.late:
+            self._admitted.pop(row.request_id, None)
+            self._dispatched.pop(row.request_id, None)
 
     def _request_spans(self, row: ResultRecord, parent: tuple[str, str], now: int) -> None:
         rid = row.request_id

@@ -108,10 +108,13 @@ class SubmitSpans:
             r["trace_id"] = trace_id
             enqueue = r.get("enqueue_ts")
             start = min(enqueue * _MS, now) if isinstance(enqueue, int) and enqueue > 0 else now
-            self._events.append(self.tracing.span(
-                "sts.l1.event", parent=incoming, trace_id=trace_id, span_id=span_id,
-                start_ns=start, attributes=_event_attributes(r)))
-            attributes = {**r["attributes"], TRACEPARENT: format_traceparent(trace_id, span_id)}
+            event = self.tracing.span("sts.l1.event", parent=incoming, trace_id=trace_id,
+                                      span_id=span_id, start_ns=start,
+                                      attributes=_event_attributes(r))
+            self._events.append(event)
+            sampled = event.get_span_context().trace_flags.sampled  # OTEL_TRACES_SAMPLER
+            attributes = {**r["attributes"],
+                          TRACEPARENT: format_traceparent(trace_id, span_id, sampled)}
             if attributes_problem(attributes) is None:  # never refused for its traceparent
                 r["attributes"] = attributes
 

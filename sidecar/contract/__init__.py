@@ -54,6 +54,7 @@ from sidecar.contract.tracing import (
     otel_environment,
     parse_traceparent,
     start_tracing,
+    traceparent_sampled,
     tracing_requested,
     w3c_trace_id,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "result_file_name",
     "security_fields",
     "start_tracing",
+    "traceparent_sampled",
     "tracing_requested",
     "w3c_trace_id",
     "write_atomically",

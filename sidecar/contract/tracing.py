@@ -81,14 +81,24 @@ def parse_traceparent(value: str | None) -> tuple[str, str] | None:
     return trace_id, span_id
 
 
-def format_traceparent(trace_id: str, span_id: str) -> str:
-    """A sampled W3C ``traceparent`` (version ``00``).
+def format_traceparent(trace_id: str, span_id: str, sampled: bool = True) -> str:
+    """A W3C ``traceparent`` (version ``00``).
 
     Example:
         >>> format_traceparent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
         '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
     """
-    return f"00-{trace_id}-{span_id}-01"
+    return f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}"
+
+
+def traceparent_sampled(value: str) -> bool:
+    """Whether a (valid) ``traceparent`` has its ``sampled`` flag set.
+
+    Example:
+        >>> traceparent_sampled("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
+        False
+    """
+    return bool(int(value.strip()[53:55] or "0", 16) & 1)
 
 
 def w3c_trace_id(trace_id: str | None, request_id: str = "") -> str:
