@@ -7,6 +7,7 @@ stderr (``sts: <what> (<where>)``) and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -65,6 +66,9 @@ def _run_show(args: argparse.Namespace) -> int:
         where = f"--trace-id {args.trace_id}" if args.trace_id else args.spans
         print(f"sts: no such trace ({where})", file=sys.stderr)
         return 2
-    print(f"trace {trace_id}")
-    print("\n".join(render_trace(spans, trace_id)))
+    try:
+        print(f"trace {trace_id}")
+        print("\n".join(render_trace(spans, trace_id)), flush=True)
+    except BrokenPipeError:  # `| head`: the reader has seen enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
