@@ -50,11 +50,12 @@ def _config(results_dir: str) -> SidecarConfig:
     return SidecarConfig().with_overrides(overrides)
 
 
-def _traced(wire: bytes, n: int) -> bytes:
+def _traced(wire: bytes, n: int, sampled: bool) -> bytes:
     """The batch with a ``traceparent`` attribute on every request."""
     msg = pb.SubmitBatchRequest.FromString(wire)
     for i, r in enumerate(msg.requests):
-        r.attributes[TRACEPARENT] = format_traceparent(f"{n + i + 1:032x}", f"{n + i + 1:016x}")
+        r.attributes[TRACEPARENT] = format_traceparent(f"{n + i + 1:032x}", f"{n + i + 1:016x}",
+                                                       sampled)
     return msg.SerializeToString()
 
 
@@ -74,7 +75,7 @@ async def _run(requests: int, batch: int, results_dir: str,
     """(CPU seconds, wall seconds, rows written) for ``requests`` requests."""
     config = _config(results_dir)
     tracer = None
-    if trace == "otlp":
+    if trace != "off":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         from sidecar.contract import Tracing
@@ -104,7 +105,7 @@ async def _run(requests: int, batch: int, results_dir: str,
     wires = [make_batch("p", i, batch).SerializeToString()
              for i in range(0, requests, batch)]
     if tracer is not None:
-        wires = [_traced(w, i * batch) for i, w in enumerate(wires)]
+        wires = [_traced(w, i * batch, trace == "otlp") for i, w in enumerate(wires)]
     await asyncio.sleep(0.05)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profiler:
@@ -147,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3, help="runs; the best is reported")
     p.add_argument("--profile", choices=("cprofile", "pyinstrument"), default=None)
-    p.add_argument("--trace", choices=("off", "otlp"), default="off",
-                   help="otlp: every request carries a traceparent; spans go by OTLP/gRPC "
-                        "to `sts trace receive` in a child process")
+    p.add_argument("--trace", choices=("off", "otlp", "unsampled"), default="off",
+                   help="otlp: every request carries a sampled traceparent; spans go by "
+                        "OTLP/gRPC to `sts trace receive` in a child process; unsampled: "
+                        "tracing on, every traceparent's sampled flag off")
     args = p.parse_args(argv)
     best = None
     for _ in range(args.repeat):

@@ -131,8 +131,8 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                 yield pa.RecordBatch.from_arrays(arrays, names=keep + ACK_SCHEMA.names)
     finally:
         client.close()
-        if tracing is not None:  # the task ends: its spans go out now
-            tracing.flush()
+        if tracing is not None:  # the task ends: its spans go out now (never waited for)
+            tracing.flush_soon()
 
 
 def _check_ack_identity(rows: list[dict], acks: Sequence) -> None:

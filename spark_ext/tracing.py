@@ -47,6 +47,8 @@ from sidecar.contract import (
 logger = logging.getLogger(__name__)
 
 _MS = 1_000_000
+#: Answer sources of events answered without the sidecar (L1 rules, L2 knowledge base).
+_ANSWERED_AT_L1 = frozenset({"rule", "kb"})
 _providers: dict[tuple[str, frozenset[tuple[str, str]]], Tracing | None] = {}
 
 
@@ -180,7 +182,8 @@ class AnswerSpans:
             self._span("sts.l4.fallback" if source == "fallback" else "sts.l4.answer", r,
                        min(start, end), end, {"sts.answer_source": source,
                                               "sts.status": r.get("status") or "",
-                                              "sts.reason": r.get("reason") or ""})
+                                              "sts.reason": r.get("reason") or ""},
+                       is_event=source in _ANSWERED_AT_L1)
 
     def backfilled(self, results: pa.Table, request_ids: Iterable[str], answered_ms: int
                    ) -> None:
@@ -201,15 +204,21 @@ class AnswerSpans:
             self._span("sts.l4.backfill", r, start, end, {"sts.answer_source": "backfill"})
 
     def _span(self, name: str, r: Mapping[str, Any], start: int, end: int,
-              attributes: dict[str, Any]) -> None:
+              attributes: dict[str, Any], *, is_event: bool = False) -> None:
         rid = r.get("request_id") or ""
-        parent = (w3c_trace_id(r.get("trace_id"), rid), event_span_id(rid))
-        self.tracing.span(name, parent=parent, start_ns=start,
-                          attributes={"sts.request_id": rid, **attributes}).end(end_time=end)
+        ids = (w3c_trace_id(r.get("trace_id"), rid), event_span_id(rid))
+        attributes = {"sts.request_id": rid, **attributes}
+        if is_event:  # never submitted: the answer span is the event's own span
+            span = self.tracing.span(name, trace_id=ids[0], span_id=ids[1], start_ns=start,
+                                     attributes=attributes)
+        else:
+            span = self.tracing.span(name, parent=ids, start_ns=start, attributes=attributes)
+        span.end(end_time=end)
 
     def flush(self) -> None:
-        """Export the spans written so far (pipeline stop)."""
-        self.tracing.flush()
+        """Start exporting the spans written so far (pipeline stop; the SDK exports the
+        rest when the process exits)."""
+        self.tracing.flush_soon()
 
 
 def answer_spans() -> AnswerSpans | None:

@@ -159,6 +159,7 @@ class Tracing:
         for e in [exporter] if exporter is not None else _configured_exporters():
             self.provider.add_span_processor(BatchSpanProcessor(e))
         self.tracer = self.provider.get_tracer("sts-spark")
+        self._flushing = threading.Lock()
 
     def span(self, name: str, *, start_ns: int, parent: Any = None,
              attributes: Mapping[str, Any] | None = None, links: Sequence[Any] = (),
@@ -193,8 +194,23 @@ class Tracing:
         return Link(span.get_span_context(), attributes)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Export every finished span now; whether it finished in time."""
+        """Export every finished span now and wait for it (with the collector down,
+        the exporter's retries may take longer than ``timeout_s``)."""
         return self.provider.force_flush(int(timeout_s * 1000))
+
+    def flush_soon(self) -> None:
+        """Start exporting every finished span now, without waiting: a collector that
+        is down never holds the caller (a Spark task, a stopping pipeline)."""
+        if not self._flushing.acquire(blocking=False):
+            return  # one flush at a time
+
+        def run() -> None:
+            try:
+                self.provider.force_flush()
+            finally:
+                self._flushing.release()
+
+        threading.Thread(target=run, name="sts-trace-flush", daemon=True).start()
 
     def shutdown(self) -> None:
         """Flush and stop the exporters. Idempotent."""

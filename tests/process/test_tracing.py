@@ -84,6 +84,7 @@ def test_one_trace_per_event_from_the_spark_task_through_the_sidecar_to_the_answ
     # trace_id holds the W3C trace id: the event's own, else the request id
     assert answers["tr-1"]["trace_id"] == INCOMING_TRACE
     assert answers["tr-2"]["trace_id"] == answers["tr-2"]["request_id"]
+    assert answers["tr-3"]["trace_id"] == answers["tr-3"]["request_id"]  # not a traceparent
     by_trace: dict[str, list[dict]] = defaultdict(list)
     for s in spans:
         by_trace[s["trace_id"]].append(s)
