@@ -226,6 +226,10 @@ def start_tracing(component: str, service_name: str, *, exporter: Any = None
         return None
     try:
         tracing = Tracing(component, service_name, exporter=exporter)
+    except ImportError as e:
+        logger.warning("sts: tracing is off: %s (install it with: pip install "
+                       "'sts-spark[tracing]')", e)
+        return None
     except Exception as e:  # tracing must never take the service down
         logger.warning("sts: tracing is off: %s (OTEL_* variables)", e)
         return None
