@@ -87,7 +87,8 @@ class TraceReceiver:
         self.spans: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._file: IO[str] | None = None
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                                   options=[("grpc.so_reuseport", 0)])  # a port in use fails
         ts_grpc.add_TraceServiceServicer_to_server(_Servicer(self), self._server)
         try:
             self.port = self._server.add_insecure_port(f"{addr}:{port}")

@@ -96,6 +96,8 @@ def test_receiver_captures_an_otlp_export_and_trace_show_prints_the_tree(
         root.end(end_time=1_010_000_000)
         tracing.shutdown()
         wait_until(lambda: len(receiver.spans) == 2, 10, what="two spans received")
+        with pytest.raises(OSError, match="cannot listen on 127.0.0.1:"):
+            TraceReceiver(port=receiver.port)  # the port is taken
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     by_name = {r["name"]: r for r in rows}
     assert by_name["sts.l1.event"]["span_id"] == PARENT[1]
@@ -114,3 +116,54 @@ def test_receiver_captures_an_otlp_export_and_trace_show_prints_the_tree(
     assert err == [f"sts: no such trace (--trace-id {'ab' * 16})",
                    f"sts: line 1 is not a span (Expecting property name enclosed in double "
                    f"quotes: line 1 column 2 (char 1)) ({tmp_path / 'bad.jsonl'})"]
+
+
+def test_spark_side_spans_name_the_event_span_from_the_row(no_otel: None) -> None:
+    import pyarrow as pa
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from sidecar.contract import event_span_id
+    from spark_ext.tracing import AnswerSpans, SubmitSpans
+
+    exporter = InMemorySpanExporter()
+    tracing = Tracing("spark-task", "sts-spark", exporter=exporter)
+    rid, other, full = "a" * 32, "b" * 32, "c" * 32
+    rows = [{"request_id": rid, "trace_id": rid, "priority": "high", "enqueue_ts": 5,
+             "attributes": {}, "tp": format_traceparent(*PARENT)},
+            {"request_id": other, "trace_id": "ticket-7", "priority": "low", "enqueue_ts": 5,
+             "attributes": {}, "tp": None},
+            {"request_id": full, "trace_id": full, "priority": "low", "enqueue_ts": 5,
+             "attributes": {"k": "x" * 1000}, "tp": None}]
+    spans = SubmitSpans(tracing, "tp")
+    spans.prepare(rows)
+    spans.end([True, False, True], [None, "queue_full", None], "127.0.0.1:1")
+    assert rows[0]["trace_id"] == PARENT[0], "the event's own trace"
+    assert rows[0]["attributes"][TRACEPARENT] == format_traceparent(PARENT[0], event_span_id(rid))
+    assert len(rows[1]["trace_id"]) == 32 and rows[1]["trace_id"] != "ticket-7"
+    assert TRACEPARENT not in rows[2]["attributes"], "never pushed over the 1 KiB limit"
+    answers = AnswerSpans(tracing)
+    answers.answered([{"request_id": rid, "trace_id": rows[0]["trace_id"],
+                       "answer_source": "fallback", "status": "timeout", "finish_ts": 7},
+                      {"request_id": "r" * 32, "trace_id": "r" * 32, "answer_source": "rule",
+                       "enqueue_ts": 6}], answered_ms=9)
+    answers.backfilled(pa.table({"request_id": [rid, other], "trace_id": [PARENT[0], "x"],
+                                 "finish_ts": [8, 8]}), [rid], answered_ms=10)
+    tracing.flush()
+    got = {(s.name, s.attributes.get("sts.request_id")): s
+           for s in exporter.get_finished_spans()}
+    event = got[("sts.l1.event", rid)]
+    assert format(event.parent.span_id, "016x") == PARENT[1]
+    assert format(event.context.span_id, "016x") == event_span_id(rid)
+    assert got[("sts.l1.event", other)].parent is None
+    (submit,) = [s for s in exporter.get_finished_spans() if s.name == "sts.l1.submit"
+                 and s.parent.span_id == event.context.span_id]
+    assert submit.attributes["sts.accepted"] is True
+    for name in ("sts.l4.fallback", "sts.l4.backfill"):
+        span = got[(name, rid)]
+        assert span.parent.span_id == event.context.span_id, name
+        assert span.context.trace_id == event.context.trace_id, name
+    rule = got[("sts.l4.answer", "r" * 32)]
+    assert rule.parent is None and format(rule.context.span_id, "016x") == event_span_id("r" * 32)
+    (batch,) = [s for s in exporter.get_finished_spans() if s.name == "sts.l1.submit_batch"]
+    assert {link.context.span_id for link in batch.links} == {
+        got[("sts.l1.event", r)].context.span_id for r in (rid, other, full)}
