@@ -54,7 +54,7 @@ def span_rows(request: ts_pb2.ExportTraceServiceRequest) -> Iterator[dict[str, A
 
 
 class _Servicer(ts_grpc.TraceServiceServicer):
-    def __init__(self, receiver: "TraceReceiver") -> None:
+    def __init__(self, receiver: TraceReceiver) -> None:
         self.receiver = receiver
 
     def Export(self, request: ts_pb2.ExportTraceServiceRequest,
@@ -111,7 +111,7 @@ class TraceReceiver:
                 self._file.writelines(json.dumps(r) + "\n" for r in rows)
                 self._file.flush()
 
-    def start(self) -> "TraceReceiver":
+    def start(self) -> TraceReceiver:
         self._server.start()
         return self
 
@@ -123,7 +123,7 @@ class TraceReceiver:
                 self._file.close()
                 self._file = None
 
-    def __enter__(self) -> "TraceReceiver":
+    def __enter__(self) -> TraceReceiver:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

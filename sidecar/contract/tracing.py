@@ -244,7 +244,9 @@ def _configured_exporters() -> list[Any]:
     exporters: list[Any] = []
     for name in (n.strip() for n in names.split(",")):
         if name == "otlp":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter,
+            )
 
             exporters.append(OTLPSpanExporter())
         elif name == "console":

@@ -42,7 +42,9 @@ def test_tracing_is_off_by_default_and_by_otel_sdk_disabled(
 
 
 def test_sidecar_spans_are_children_of_the_requests_traceparent(no_otel: None) -> None:
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
 
     exporter = InMemorySpanExporter()
     tracer = SidecarTracer(Tracing("sidecar", "sts-sidecar", exporter=exporter))
@@ -84,7 +86,9 @@ def test_receiver_captures_an_otlp_export_and_trace_show_prints_the_tree(
         no_otel: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "spans.jsonl"
     with TraceReceiver(port=0, out=out) as receiver:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         tracing = Tracing("spark-task", "sts-spark", exporter=OTLPSpanExporter(
             endpoint=receiver.endpoint, insecure=True))
@@ -114,13 +118,15 @@ def test_receiver_captures_an_otlp_export_and_trace_show_prints_the_tree(
     assert main(["trace", "show", str(tmp_path / "bad.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"sts: no such trace (--trace-id {'ab' * 16})",
-                   f"sts: line 1 is not a span (Expecting property name enclosed in double "
-                   f"quotes: line 1 column 2 (char 1)) ({tmp_path / 'bad.jsonl'})"]
+                   (f"sts: line 1 is not a span (Expecting property name enclosed in double "
+                    f"quotes: line 1 column 2 (char 1)) ({tmp_path / 'bad.jsonl'})")]
 
 
 def test_spark_side_spans_name_the_event_span_from_the_row(no_otel: None) -> None:
     import pyarrow as pa
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
 
     from sidecar.contract import event_span_id
     from spark_ext.tracing import AnswerSpans, SubmitSpans
