@@ -158,7 +158,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                           context: grpc.aio.ServicerContext) -> pb.SubmitBatchResponse:
         msgs = request.requests
         if self.tracer is not None:  # tracing off: this one check per batch
-            return self._submit_traced(msgs)
+            return await self._submit_traced(msgs)
         if len(msgs) <= _SLICE:
             acks = self.scheduler.submit_batch([request_from_proto(r) for r in msgs])
             return submit_batch_response(acks, self.scheduler.sidecar_id)
@@ -177,12 +177,18 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 add(**_ack_fields(ack))
         return response
 
-    def _submit_traced(self, msgs: Sequence[pb.InferenceRequest]) -> pb.SubmitBatchResponse:
-        """``SubmitBatch`` with its admission times noted for the traced requests."""
+    async def _submit_traced(self, msgs: Sequence[pb.InferenceRequest]
+                             ) -> pb.SubmitBatchResponse:
+        """``SubmitBatch`` with its admission times noted for the traced requests
+        (yielding the loop as the untraced path does)."""
         assert self.tracer is not None
         response = pb.SubmitBatchResponse(sidecar_id=self.scheduler.sidecar_id)
         add = response.acks.add
+        since = time.perf_counter()
         for start in range(0, len(msgs), _SLICE):
+            if time.perf_counter() - since >= self.submit_yield_s:
+                await asyncio.sleep(0.001)
+                since = time.perf_counter()
             requests = [request_from_proto(r) for r in msgs[start:start + _SLICE]]
             started = time.time_ns()
             acks = self.scheduler.submit_batch(requests)
