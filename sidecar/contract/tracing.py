@@ -248,6 +248,11 @@ def _configured_exporters() -> list[Any]:
                 OTLPSpanExporter,
             )
 
+            protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+            if protocol.strip().lower() != "grpc":
+                logger.warning("sts: OTLP protocol %r is not supported; exporting by OTLP/gRPC "
+                               "(OTEL_EXPORTER_OTLP_PROTOCOL)", protocol)
             exporters.append(OTLPSpanExporter())
         elif name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
