@@ -22,10 +22,11 @@ from ``spark.executorEnv.OTEL_*``, wins). Tasks flush their spans when they end.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -52,12 +53,34 @@ _ANSWERED_AT_L1 = frozenset({"rule", "kb"})
 _providers: dict[tuple[str, frozenset[tuple[str, str]]], Tracing | None] = {}
 
 
-def _tracing(component: str) -> Tracing | None:
-    """This process's tracer provider for ``component`` (one per ``OTEL_*`` setting)."""
-    key = (component, frozenset(otel_environment().items()))
+_worker_env: dict[str, str] | None = None
+"""The Python worker's own ``OTEL_*`` variables (``spark.executorEnv``), as it started."""
+
+
+def _tracing(component: str, env: Mapping[str, str] | None = None) -> Tracing | None:
+    """This process's tracer provider for ``component`` built from the ``OTEL_*``
+    variables ``env`` (default: this process's); one per setting."""
+    env = otel_environment() if env is None else dict(env)
+    key = (component, frozenset(env.items()))
     if key not in _providers:
-        _providers[key] = start_tracing(component, "sts-spark")
+        with _otel_environment(env):  # the SDK reads its settings from os.environ
+            _providers[key] = start_tracing(component, "sts-spark")
     return _providers[key]
+
+
+@contextlib.contextmanager
+def _otel_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with exactly these ``OTEL_*`` variables, then as it was."""
+    saved = otel_environment()
+    for name in saved:
+        del os.environ[name]
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name in otel_environment():
+            del os.environ[name]
+        os.environ.update(saved)
 
 
 def driver_otel_env() -> dict[str, str]:
@@ -67,12 +90,15 @@ def driver_otel_env() -> dict[str, str]:
 
 def task_tracing(otel_env: Mapping[str, str]) -> Tracing | None:
     """The Spark task's tracer (``None``: tracing off). ``otel_env`` (the driver's
-    variables) fills in what the worker's own environment lacks."""
-    for name, value in otel_env.items():
-        os.environ.setdefault(name, value)
-    if not otel_env and not tracing_requested():
+    variables) fills in what the worker's own environment lacks; the worker's
+    environment is left as it is (a reused worker serves other jobs too)."""
+    global _worker_env
+    if _worker_env is None:
+        _worker_env = otel_environment()
+    env = {**otel_env, **_worker_env}
+    if not tracing_requested(env):
         return None
-    return _tracing("spark-task")
+    return _tracing("spark-task", env)
 
 
 class SubmitSpans:
