@@ -179,6 +179,9 @@ class Tracing:
                 int(parent[0], 16), int(parent[1], 16), is_remote=True,
                 trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)))
         context = trace.set_span_in_context(parent) if parent is not None else None
+        if trace_id is None and span_id is None:
+            return self.tracer.start_span(name, context=context, start_time=start_ns,
+                                          attributes=attributes, links=links)
         self._ids.choose(trace_id, span_id)
         try:
             return self.tracer.start_span(name, context=context, start_time=start_ns,
