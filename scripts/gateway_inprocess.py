@@ -13,6 +13,8 @@ Example:
     PYTHONPATH=. python scripts/gateway_inprocess.py --requests 100000 --batch 64
     PYTHONPATH=. python scripts/gateway_inprocess.py --profile cprofile   # top functions
     PYTHONPATH=. python scripts/gateway_inprocess.py --profile pyinstrument  # pip install pyinstrument
+    PYTHONPATH=. python scripts/gateway_inprocess.py --trace otlp  # every request traced,
+        # spans exported by OTLP/gRPC to `sts trace receive` in a child process
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import os
 import pstats
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,12 +33,14 @@ import time
 from benchmarks.gateway_load import make_batch
 from benchmarks.gateway_sidecar import MAX_IN_FLIGHT, SIDECAR_SETTINGS
 from sidecar.config import SidecarConfig
+from sidecar.contract import TRACEPARENT, format_traceparent
 from sidecar.engines import build_engine
 from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.result_writer import ParquetResultWriter
 from sidecar.scheduler import Scheduler
 from sidecar.servicer import InferenceServicer
+from sts_harness.process import free_port
 
 
 def _config(results_dir: str) -> SidecarConfig:
@@ -43,13 +50,45 @@ def _config(results_dir: str) -> SidecarConfig:
     return SidecarConfig().with_overrides(overrides)
 
 
+def _traced(wire: bytes, n: int, sampled: bool) -> bytes:
+    """The batch with a ``traceparent`` attribute on every request."""
+    msg = pb.SubmitBatchRequest.FromString(wire)
+    for i, r in enumerate(msg.requests):
+        r.attributes[TRACEPARENT] = format_traceparent(f"{n + i + 1:032x}", f"{n + i + 1:016x}",
+                                                       sampled)
+    return msg.SerializeToString()
+
+
+def _receiver(results_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`sts trace receive` in a child process (its CPU is not the gateway's)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "trace", "receive",
+                             "--port", str(port), "--out", f"{results_dir}/spans.jsonl"],
+                            stdout=subprocess.DEVNULL)
+    time.sleep(2.0)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 async def _run(requests: int, batch: int, results_dir: str,
-               profiler: cProfile.Profile | None) -> tuple[float, float, int]:
+               profiler: cProfile.Profile | None, trace: str = "off"
+               ) -> tuple[float, float, int]:
     """(CPU seconds, wall seconds, rows written) for ``requests`` requests."""
     config = _config(results_dir)
+    tracer = None
+    if trace != "off":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        from sidecar.contract import Tracing
+        from sidecar.tracing import SidecarTracer
+
+        os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", "1000000")  # drop no span
+        receiver, endpoint = _receiver(results_dir)
+        tracer = SidecarTracer(Tracing("sidecar", "sts-sidecar", exporter=OTLPSpanExporter(
+            endpoint=endpoint, insecure=True)))
     engine = build_engine(config.engine)
     await engine.start()
     writer = ParquetResultWriter(config.results, "inprocess")
+    writer.on_written = tracer.written if tracer is not None else None
     writer.start()
     metrics: SidecarMetrics | None = None
 
@@ -59,11 +98,14 @@ async def _run(requests: int, batch: int, results_dir: str,
             metrics.observe(record)
 
     scheduler = Scheduler(engine, emit, config.scheduler, "inprocess")
+    scheduler.tracer = tracer
     scheduler.start()
     metrics = SidecarMetrics(scheduler)
     servicer = InferenceServicer(scheduler, engine_kind=engine.kind, started_at=0.0)
     wires = [make_batch("p", i, batch).SerializeToString()
              for i in range(0, requests, batch)]
+    if tracer is not None:
+        wires = [_traced(w, i * batch, trace == "otlp") for i, w in enumerate(wires)]
     await asyncio.sleep(0.05)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profiler:
@@ -79,6 +121,8 @@ async def _run(requests: int, batch: int, results_dir: str,
     await scheduler._idle.wait()
     t0 = time.process_time()
     await writer.flush()
+    if tracer is not None:  # every span exported, on this process's CPU
+        tracer.tracing.flush(60.0)
     flush_cpu = time.process_time() - t0
     if profiler:
         profiler.disable()
@@ -88,6 +132,13 @@ async def _run(requests: int, batch: int, results_dir: str,
     await scheduler.drain(1.0)
     await writer.close()
     await engine.shutdown()
+    if tracer is not None:
+        tracer.shutdown()
+        time.sleep(0.5)
+        receiver.send_signal(signal.SIGINT)
+        receiver.wait(10)
+        with open(f"{results_dir}/spans.jsonl") as f:
+            print(f"  spans received: {sum(1 for _ in f)}", flush=True)
     return cpu, wall, writer.rows_written
 
 
@@ -97,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3, help="runs; the best is reported")
     p.add_argument("--profile", choices=("cprofile", "pyinstrument"), default=None)
+    p.add_argument("--trace", choices=("off", "otlp", "unsampled"), default="off",
+                   help="otlp: every request carries a sampled traceparent; spans go by "
+                        "OTLP/gRPC to `sts trace receive` in a child process; unsampled: "
+                        "tracing on, every traceparent's sampled flag off")
     args = p.parse_args(argv)
     best = None
     for _ in range(args.repeat):
@@ -107,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             sampler = Profiler(interval=0.0002, async_mode="disabled")
             sampler.start()
         with tempfile.TemporaryDirectory() as tmp:
-            cpu, wall, rows = asyncio.run(_run(args.requests, args.batch, tmp, profiler))
+            cpu, wall, rows = asyncio.run(_run(args.requests, args.batch, tmp, profiler,
+                                               args.trace))
         if sampler:
             sampler.stop()
             print(sampler.output_text(unicode=False, color=False, show_all=False))

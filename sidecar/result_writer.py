@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -67,6 +68,8 @@ class ParquetResultWriter:
         self._write_lock = asyncio.Lock()
         self.rows_written = 0
         self.files_written = 0
+        self.on_written: Callable[[list[ResultRecord]], None] | None = None
+        """Called with the rows of each file once it is visible (tracing)."""
 
     def start(self) -> None:
         """Start the background flush loop (call inside the event loop)."""
@@ -86,6 +89,8 @@ class ParquetResultWriter:
                 rows = self._pending[: self.config.max_rows_per_file]
                 del self._pending[: len(rows)]
                 await asyncio.to_thread(self._write_file, rows)
+                if self.on_written is not None:
+                    self.on_written(rows)
 
     async def close(self) -> None:
         """Stop the loop and write what is pending. Idempotent."""

@@ -57,6 +57,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sidecar.admission import Ack, Refusal, check_prompt_tokens, check_static
 from sidecar.config import SchedulerConfig
@@ -70,6 +71,9 @@ from sidecar.pools import Pool, Running, WeightedPicker
 from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
 from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
 from sidecar.timers import DeadlineTimers, TimerEntry
+
+if TYPE_CHECKING:
+    from sidecar.tracing import SidecarTracer
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +145,8 @@ class Scheduler:
         self.engine_dead = asyncio.Event()
         """Set once the engine failed: the server turns ``NOT_SERVING`` and exits."""
         self.counters = SchedulerCounters()
+        self.tracer: SidecarTracer | None = None
+        """Notes dispatch times of traced requests (``None``: tracing off)."""
 
     # ------------------------------------------------------------------ admission
 
@@ -373,6 +379,8 @@ class Scheduler:
                 self._preempt(victim)
         self._batch_area()
         self._in_flight_total += 1
+        if self.tracer is not None:
+            self.tracer.dispatched(req)
         self.estimator.observe_dispatch(req.priority)
         req.status = RequestStatus.RUNNING
         if estimate := self._wait_estimates.pop(req.request_id, None):

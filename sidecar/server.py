@@ -47,6 +47,7 @@ from sidecar.security import (
     socket_umask,
     unix_socket_path,
 )
+from sidecar.tracing import sidecar_tracer
 from sidecar.servicer import InferenceServicer
 from sidecar.warmup import calibrate, warm_up
 
@@ -143,7 +144,12 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
                                   min(config.scheduler.max_in_flight,
                                       config.warmup.calibration_max_batch))
 
+        tracer = sidecar_tracer()  # None unless the OTEL_* variables switch tracing on
+        if tracer is not None:  # unwound after the writer's last file: its spans go out too
+            stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         writer = ParquetResultWriter(config.results, sidecar_id)
+        if tracer is not None:
+            writer.on_written = tracer.written
         stack.callback(lambda: logger.info("Sidecar stopped; %d results in %d files.",
                                            writer.rows_written, writer.files_written))
         writer.start()
@@ -157,6 +163,7 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
 
         scheduler = Scheduler(engine, emit, config.scheduler, sidecar_id,
                               log_requests=server_cfg.log_requests)
+        scheduler.tracer = tracer
         scheduler.estimator.calibrate(samples)
         scheduler.start()
         stack.push_async_callback(scheduler.abort_all)

@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +37,9 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from spark_ext.answers import build_answers, hour_of, hours_between
+
+if TYPE_CHECKING:
+    from spark_ext.tracing import AnswerSpans
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +152,8 @@ class AnswerStore:
         self._lock = threading.RLock()
         self._ledger = AnswerLedger(ledger_horizon_s)
         self._tables: dict[str, DeltaTable] = {}
+        self.tracer: AnswerSpans | None = None
+        """Writes the L4 spans of the answers (``None``: tracing off)."""
 
     # ----------------------------------------------------------------- tables
 
@@ -266,6 +272,8 @@ class AnswerStore:
             if not self.append("answers", table, app_id=app_id, version=version):
                 return 0
             self._ledger.remember_all(list(fresh), [r["answer_source"] for r in fresh.values()])
+            if self.tracer is not None:
+                self.tracer.answered(fresh.values(), table.column("answered_ts")[0].as_py())
             for row in fresh.values():
                 self.stats.by_source[row["answer_source"]] += 1
             self.stats.answers_written += len(fresh)
@@ -316,6 +324,8 @@ class AnswerStore:
                  predicate="t.answer_source = 'fallback'")
              .execute())
             self._ledger.remember_all(list(rows), ["backfill"] * len(rows))
+            if self.tracer is not None:
+                self.tracer.backfilled(ok, rows, stamp)
             self.stats.backfilled += len(rows)
             self.stats.by_source["backfill"] += len(rows)
             return len(rows)

@@ -48,6 +48,11 @@ class TaggingConfig:
     trace_id: str | None = None
     """Column carrying a trace id; ``None`` = reuse ``request_id``."""
 
+    traceparent: str | None = None
+    """Column carrying each event's W3C ``traceparent`` (tracing, README "Tracing"):
+    the event's spans join that trace, and ``trace_id`` is its trace id when valid.
+    ``None`` = every event starts its own trace (trace id = ``trace_id``)."""
+
     sla_ms: dict[str, int] = field(default_factory=lambda: {"high": 3000, "normal": 10000,
                                                              "low": 30000})
     """Deadline per priority: ``deadline_ts = enqueue_ts + sla_ms[priority]``."""

@@ -49,6 +49,7 @@ from spark_ext.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
 from spark_ext.submit import check_sidecars, submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
+from spark_ext.tracing import answer_spans
 from spark_ext.validation import AnswerValidator
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class StsPipeline:
         out = config.output
         self.store = AnswerStore(out.out_dir, key_columns=config.tagging.key_columns,
                                  ledger_horizon_s=config.answers.ledger_horizon_s)
+        self.store.tracer = answer_spans()  # L4 spans; None unless OTEL_* switch tracing on
         # Tags this pipeline's requests; stable across restarts of the same checkpoints.
         self.pipeline_id = hashlib.sha1(
             str(Path(out.checkpoint_dir).resolve()).encode()).hexdigest()[:12]
@@ -186,7 +188,8 @@ class StsPipeline:
     def acks(self, events: DataFrame | None = None) -> DataFrame:
         return submit_requests(self.requests(events), self.config.sidecar,
                                self.config.tagging.key_columns,
-                               {PIPELINE_ATTRIBUTE: self.pipeline_id})
+                               {PIPELINE_ATTRIBUTE: self.pipeline_id},
+                               traceparent_column=self.config.tagging.traceparent)
 
     def results(self) -> DataFrame:
         register_results_source(self.spark)
@@ -235,7 +238,8 @@ class StsPipeline:
                        *([KB_IDS] if KB_IDS in to_llm.columns else [])]
             self._write_submitted(submit_requests(
                 to_llm, self.config.sidecar, carried,
-                {PIPELINE_ATTRIBUTE: self.pipeline_id}), batch_id)
+                {PIPELINE_ATTRIBUTE: self.pipeline_id},
+                traceparent_column=self.config.tagging.traceparent), batch_id)
         finally:
             batch.unpersist()
 
@@ -406,6 +410,8 @@ class StsPipeline:
                 q.stop()
             except Exception:  # stopping a failed query may raise again
                 logger.debug("Stopping %s raised.", q.name, exc_info=True)
+        if self.store.tracer is not None:
+            self.store.tracer.flush()
         if self.metrics is not None:
             try:
                 self.spark.streams.removeListener(self.metrics)

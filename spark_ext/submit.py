@@ -23,6 +23,7 @@ from spark_ext.config import SidecarEndpointConfig
 from spark_ext.exceptions import SidecarAuthError
 from spark_ext.schemas import spark_schema
 from spark_ext.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
+from spark_ext.tracing import SubmitSpans, driver_otel_env, task_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +61,16 @@ def _refused(n: int, reason: str, detail: str, now: int, endpoint: str) -> dict[
 
 def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig,
                    attribute_columns: Sequence[str] = (),
-                   extra_attributes: Mapping[str, str] | None = None
+                   extra_attributes: Mapping[str, str] | None = None,
+                   otel_env: Mapping[str, str] | None = None, traceparent_column: str = ""
                    ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body: submit each batch, yield it with ack columns (no prompt).
 
     Each request carries ``attributes`` (``extra_attributes`` plus ``attribute_columns``
     as strings; the sidecar echoes them on the result row) and ``submit_ts``. Acks are matched to rows by
-    ``request_id``, not by position."""
+    ``request_id``, not by position. With tracing on (``otel_env``, the driver's
+    ``OTEL_*`` variables, or the worker's own) each request also carries its
+    ``traceparent`` and the L1 spans are written (:mod:`spark_ext.tracing`)."""
     import grpc
 
     from sidecar.client import SidecarClient, describe_rpc_error, request_to_proto
@@ -75,6 +79,7 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
 
     endpoint = task_sidecar(config)  # started first if launch: lazy and not serving
     client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
+    tracing = task_tracing(otel_env or {})
     try:
         for batch in batches:
             for start in range(0, batch.num_rows, config.max_batch):
@@ -86,6 +91,10 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                     r["attributes"] = {**(extra_attributes or {}),
                                        **{c: _attribute(r[c]) for c in attribute_columns
                                           if r.get(c) is not None}}
+                spans = None
+                if tracing is not None:
+                    spans = SubmitSpans(tracing, traceparent_column)
+                    spans.prepare(rows)
                 try:
                     reply = client.submit([request_to_proto(r) for r in rows])
                     _check_ack_identity(rows, reply.acks)
@@ -113,10 +122,17 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                                     now, endpoint)
                 keep = [n for n in chunk.schema.names if n != "prompt"]
                 arrays = [chunk.column(n) for n in keep]
+                if spans is not None:
+                    spans.end(acks["accepted"], acks["reason"], endpoint)
+                    if "trace_id" in keep:  # the W3C trace ids
+                        arrays[keep.index("trace_id")] = pa.array(
+                            [r["trace_id"] for r in rows], chunk.column("trace_id").type)
                 arrays += [pa.array(acks[f.name], type=f.type) for f in ACK_SCHEMA]
                 yield pa.RecordBatch.from_arrays(arrays, names=keep + ACK_SCHEMA.names)
     finally:
         client.close()
+        if tracing is not None:  # the task ends: its spans go out now (never waited for)
+            tracing.flush_soon()
 
 
 def _check_ack_identity(rows: list[dict], acks: Sequence) -> None:
@@ -142,13 +158,16 @@ def ack_schema(requests: DataFrame) -> StructType:
 
 def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
                     attribute_columns: Sequence[str] = (),
-                    extra_attributes: Mapping[str, str] | None = None) -> DataFrame:
+                    extra_attributes: Mapping[str, str] | None = None, *,
+                    traceparent_column: str | None = None) -> DataFrame:
     """Send every request row to the sidecar; return one ack row per request.
 
     The output keeps the input columns except ``prompt`` and adds ``accepted``,
     ``reason``, ``detail``, ``duplicate``, ``submit_ts``, ``sidecar_id``,
     ``endpoint`` and ``sidecar_fallback_text`` (the sidecar pool's rule answer,
-    set on refusals; L4 prefers it to the pipeline's own fallback text).
+    set on refusals; L4 prefers it to the pipeline's own fallback text). With tracing
+    on, ``trace_id`` holds the W3C trace id and ``traceparent_column`` names the
+    events' own trace context (README "Tracing").
 
     Usage::
 
@@ -157,8 +176,10 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     """
     columns, extra = list(attribute_columns), dict(extra_attributes or {})
     config = for_tasks(config)
-    return requests.mapInArrow(lambda it: submit_batches(it, config, columns, extra),
-                               ack_schema(requests))
+    otel, parent = driver_otel_env(), traceparent_column or ""
+    return requests.mapInArrow(
+        lambda it: submit_batches(it, config, columns, extra, otel, parent),
+        ack_schema(requests))
 
 
 #: Columns of :func:`check_sidecars`'s rows.

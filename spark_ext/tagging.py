@@ -16,6 +16,10 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 )
 
 
+#: A W3C ``traceparent``; group 1 is its trace id.
+_TRACEPARENT_PATTERN = r"^[0-9a-e][0-9a-f]-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}"
+
+
 def _expr(name_or_expr: str, df: DataFrame) -> Column:
     return F.col(name_or_expr) if name_or_expr in df.columns else F.expr(name_or_expr)
 
@@ -33,7 +37,10 @@ def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplat
         reqs = build_requests(events, TaggingConfig(), PromptTemplate(
             stable="You triage tickets.\\n", dynamic="Ticket: {text}"))
     """
-    missing = [c for c in [*config.key_columns, *template.fields] if c not in df.columns]
+    named = [*config.key_columns, *template.fields]
+    if config.traceparent and config.traceparent.isidentifier():
+        named.append(config.traceparent)
+    missing = [c for c in named if c not in df.columns]
     if missing:
         raise ValueError(f"columns {missing} are missing from the events ({df.columns})")
     key = F.concat_ws("\u001f", *[F.coalesce(F.col(c).cast("string"), F.lit("")) for c in
@@ -53,9 +60,13 @@ def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplat
     sla = F.lit(None).cast("long")
     for p in reversed(PRIORITY_NAMES):
         sla = F.when(F.col("priority") == p, F.lit(config.sla_ms[p])).otherwise(sla)
+    trace_id = F.col(config.trace_id).cast("string") if config.trace_id else F.col("request_id")
+    if config.traceparent:  # the trace id of a valid W3C traceparent wins
+        parent = F.regexp_extract(F.lower(F.trim(_expr(config.traceparent, df).cast("string"))),
+                                  _TRACEPARENT_PATTERN, 1)
+        trace_id = F.when(parent.isin("", "0" * 32), trace_id).otherwise(parent)
     out = (df.withColumn("request_id", request_id)
-             .withColumn("trace_id", F.col(config.trace_id).cast("string") if config.trace_id
-                         else F.col("request_id"))
+             .withColumn("trace_id", trace_id)
              .withColumn("priority", priority)
              .withColumn("enqueue_ts", F.coalesce(enqueue, (F.unix_micros(
                  F.current_timestamp()) / 1000).cast("long")))

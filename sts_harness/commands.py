@@ -1,5 +1,6 @@
-"""The harness's ``sts`` subcommands: ``demo``, ``events``, and ``l1``/``kb`` from
-:mod:`sts_harness.l1l2_commands`. Registered through ``sts.commands``."""
+"""The harness's ``sts`` subcommands: ``demo``, ``events``, ``l1``/``kb`` from
+:mod:`sts_harness.l1l2_commands` and ``trace`` from :mod:`sts_harness.trace_commands`.
+Registered through ``sts.commands``."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ SPARK_EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark]'"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``sts demo``, ``sts l1`` and ``sts kb`` to the ``sts`` parser."""
-    from sts_harness import l1l2_commands
+    """Add ``sts demo``, ``sts l1``, ``sts kb`` and ``sts trace`` to the ``sts`` parser."""
+    from sts_harness import l1l2_commands, trace_commands
 
     l1l2_commands.register(sub)
+    trace_commands.register(sub)
     demo = sub.add_parser("demo", help="run the whole system end to end on this machine")
     demo.add_argument("--rate", type=float, default=3.0, help="events per second")
     demo.add_argument("--duration", type=float, default=40.0, help="seconds of replay")

@@ -3,7 +3,7 @@
 This is the only part of the ``sidecar`` package, besides :mod:`sidecar.client` and
 the generated wire code in :mod:`sidecar.pb`, that other packages import: the
 result schema, the result file names, the wire enums, the clock, atomic
-landing-folder writes, the config-file loader and client credentials.
+landing-folder writes, the config-file loader, client credentials and tracing.
 """
 
 # From sidecar.contract.clock
@@ -44,6 +44,21 @@ from sidecar.contract.result_files import (
 # From sidecar.contract.schema
 from sidecar.contract.schema import RESULT_SCHEMA
 
+# From sidecar.contract.tracing
+from sidecar.contract.tracing import (
+    TRACEPARENT,
+    Tracing,
+    event_span_id,
+    event_traceparent,
+    format_traceparent,
+    otel_environment,
+    parse_traceparent,
+    start_tracing,
+    traceparent_sampled,
+    tracing_requested,
+    w3c_trace_id,
+)
+
 # From sidecar.contract.wire
 from sidecar.contract.wire import (
     MAX_ATTRIBUTE_BYTES,
@@ -64,6 +79,8 @@ __all__ = [
     "RESULT_SCHEMA",
     "STATUSES",
     "TOKEN_METADATA_KEY",
+    "TRACEPARENT",
+    "Tracing",
     "ClientSecurity",
     "FinishReason",
     "Priority",
@@ -74,7 +91,12 @@ __all__ = [
     "attributes_problem",
     "build_sections",
     "conf_dir",
+    "event_span_id",
+    "event_traceparent",
+    "format_traceparent",
     "now_ms",
+    "otel_environment",
+    "parse_traceparent",
     "percentile",
     "percentiles",
     "parse_result_file_name",
@@ -83,6 +105,10 @@ __all__ = [
     "read_yaml",
     "result_file_name",
     "security_fields",
+    "start_tracing",
+    "traceparent_sampled",
+    "tracing_requested",
+    "w3c_trace_id",
     "write_atomically",
     "write_parquet_atomically",
     "write_text_atomically",
