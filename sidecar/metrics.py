@@ -216,6 +216,24 @@ class SidecarMetrics:
         in-flight byte cap), read from ``counts()`` at scrape time."""
         self.registry.register(_RefusedCallsCollector(counts))
 
+    def watch_gpus(self, selection: list[int | str] | None = None) -> Callable[[], None]:
+        """Export utilisation and memory of the sidecar's GPUs through NVML
+        (:mod:`sidecar.gpu_metrics`; ``selection``: ``server.metrics_gpus``). Nothing is
+        exported, and nothing fails, without a GPU or ``nvidia-ml-py``. Returns a
+        function that releases NVML."""
+        from sidecar.gpu_metrics import GpuCollector
+
+        collector = GpuCollector.open(selection)
+        if collector is None:
+            return lambda: None
+        self.registry.register(collector)
+
+        def close() -> None:
+            self.registry.unregister(collector)
+            collector.close()
+
+        return close
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
         """Expose ``/metrics`` on ``addr:port`` from a daemon thread; returns a
         function that stops it."""
