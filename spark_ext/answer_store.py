@@ -119,6 +119,8 @@ class StoreStats:
     compactions: int = 0
     vacuumed_files: int = 0
     by_source: collections.Counter = field(default_factory=collections.Counter)
+    by_source_status: collections.Counter = field(default_factory=collections.Counter)
+    """Answer rows by ``(answer_source, status)``; a backfill counts as ``(backfill, ok)``."""
 
 
 class AnswerStore:
@@ -268,6 +270,7 @@ class AnswerStore:
             self._ledger.remember_all(list(fresh), [r["answer_source"] for r in fresh.values()])
             for row in fresh.values():
                 self.stats.by_source[row["answer_source"]] += 1
+                self.stats.by_source_status[(row["answer_source"], row.get("status") or "")] += 1
             self.stats.answers_written += len(fresh)
             return len(fresh)
 
@@ -318,6 +321,7 @@ class AnswerStore:
             self._ledger.remember_all(list(rows), ["backfill"] * len(rows))
             self.stats.backfilled += len(rows)
             self.stats.by_source["backfill"] += len(rows)
+            self.stats.by_source_status[("backfill", "ok")] += len(rows)
             return len(rows)
 
     def unanswered_requests(self, now_ms: int | None = None) -> list[dict]:
