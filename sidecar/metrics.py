@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sidecar.contract import PRIORITY_NAMES, RefusalReason, Status
 from sidecar.request_state import ResultRecord
 
 _PREFIX = "sts_sidecar"
@@ -187,6 +188,12 @@ class SidecarMetrics:
         ``labels()`` costs more than the observation itself."""
         self._ttft_children: dict[str, Histogram] = {}
         self._tpot_children: dict[str, Histogram] = {}
+        # The results an alert watches start at 0, so their first one is an increase.
+        for priority in PRIORITY_NAMES:
+            self.results.labels(priority, str(Status.TIMEOUT), "none")
+            for reason in RefusalReason:
+                if reason.status is Status.SHED:
+                    self.results.labels(priority, str(Status.SHED), str(reason))
 
     def observe(self, record: ResultRecord) -> None:
         """Count one result (call it for every result emitted); a late row counts

@@ -1,10 +1,9 @@
 """GPU utilisation and memory on the sidecar's /metrics: the exposition, read from a test
-double of NVML (``tests/fake_nvml``), and nothing at all where there is no GPU."""
+double of NVML (``tests/fake_nvml``), and nothing at all where there is no GPU.
+(tests/process/test_monitoring.py checks a real sidecar's endpoint with them by promtool.)"""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -43,7 +42,7 @@ def _series(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("sts_sidecar_gpu")]
 
 
-def test_the_gpus_in_cuda_visible_devices_are_reported_and_pass_promtool(nvml) -> None:
+def test_the_gpus_in_cuda_visible_devices_are_reported(nvml) -> None:
     collector = GpuCollector.open(env={"CUDA_VISIBLE_DEVICES": "0,GPU-cccc"}, nvml=nvml)
     assert collector is not None
     text = _exposition(collector)
@@ -55,10 +54,6 @@ def test_the_gpus_in_cuda_visible_devices_are_reported_and_pass_promtool(nvml) -
         f'sts_sidecar_gpu_memory_total_bytes{{gpu="0",uuid="GPU-aaaa"}} {go(80.0 * GIB)}',
         f'sts_sidecar_gpu_memory_total_bytes{{gpu="2",uuid="GPU-cccc"}} {go(80.0 * GIB)}',
     ])
-    if promtool := shutil.which("promtool"):
-        lint = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
-                              capture_output=True, timeout=30)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
     collector.close()
     collector.close()
     assert nvml.initialised == 0, "NVML not released"
