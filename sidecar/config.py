@@ -316,6 +316,11 @@ class ServerConfig:
     metrics_addr: str = "127.0.0.1"
     """Address of the metrics endpoint (``0.0.0.0`` to let a remote Prometheus scrape)."""
 
+    metrics_gpus: list[int | str] | None = None
+    """GPUs whose utilisation and memory ``/metrics`` reports (NVML indices or
+    ``GPU-...`` UUIDs; needs ``nvidia-ml-py``). ``None``: those in
+    ``CUDA_VISIBLE_DEVICES``, else every GPU of the host; ``[]``: none."""
+
     tls_cert_file: str | None = None
     """PEM certificate chain of the server; with ``tls_key_file`` the port speaks TLS only."""
 
@@ -349,6 +354,11 @@ class ServerConfig:
             raise ValueError(f"{self.sidecar_id=} must be non-empty and contain no '/'")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"{self.metrics_port=} must be a TCP port")
+        if self.metrics_gpus is not None and (
+                not isinstance(self.metrics_gpus, list)
+                or not all(isinstance(g, (int, str)) and not isinstance(g, bool)
+                           for g in self.metrics_gpus)):
+            raise ValueError(f"{self.metrics_gpus=} must be a list of GPU indices or UUIDs")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("server.tls_cert_file and server.tls_key_file go together "
                              f"(got {self.tls_cert_file=}, {self.tls_key_file=})")

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sidecar.contract import PRIORITY_NAMES, RefusalReason, Status
 from sidecar.request_state import ResultRecord
 
 _PREFIX = "sts_sidecar"
@@ -187,6 +188,12 @@ class SidecarMetrics:
         ``labels()`` costs more than the observation itself."""
         self._ttft_children: dict[str, Histogram] = {}
         self._tpot_children: dict[str, Histogram] = {}
+        # The results an alert watches start at 0, so their first one is an increase.
+        for priority in PRIORITY_NAMES:
+            self.results.labels(priority, str(Status.TIMEOUT), "none")
+            for reason in RefusalReason:
+                if reason.status is Status.SHED:
+                    self.results.labels(priority, str(Status.SHED), str(reason))
 
     def observe(self, record: ResultRecord) -> None:
         """Count one result (call it for every result emitted); a late row counts
@@ -215,6 +222,24 @@ class SidecarMetrics:
         admission (``unauthenticated``: no or a wrong token; ``resource_exhausted``: the
         in-flight byte cap), read from ``counts()`` at scrape time."""
         self.registry.register(_RefusedCallsCollector(counts))
+
+    def watch_gpus(self, selection: list[int | str] | None = None) -> Callable[[], None]:
+        """Export utilisation and memory of the sidecar's GPUs through NVML
+        (:mod:`sidecar.gpu_metrics`; ``selection``: ``server.metrics_gpus``). Nothing is
+        exported, and nothing fails, without a GPU or ``nvidia-ml-py``. Returns a
+        function that releases NVML."""
+        from sidecar.gpu_metrics import GpuCollector
+
+        collector = GpuCollector.open(selection)
+        if collector is None:
+            return lambda: None
+        self.registry.register(collector)
+
+        def close() -> None:
+            self.registry.unregister(collector)
+            collector.close()
+
+        return close
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
         """Expose ``/metrics`` on ``addr:port`` from a daemon thread; returns a

@@ -178,6 +178,7 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None) -> 
                                   ) from None
             logger.info("Prometheus metrics on http://%s:%d/metrics", server_cfg.metrics_addr,
                         server_cfg.metrics_port)
+            stack.callback(metrics.watch_gpus(server_cfg.metrics_gpus))
 
         max_bytes = server_cfg.max_message_mb * 1024 * 1024
         guard = ExceptionInterceptor(

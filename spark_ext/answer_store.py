@@ -123,6 +123,8 @@ class StoreStats:
     compactions: int = 0
     vacuumed_files: int = 0
     by_source: collections.Counter = field(default_factory=collections.Counter)
+    by_source_status: collections.Counter = field(default_factory=collections.Counter)
+    """Answer rows by ``(answer_source, status)``; a backfill counts as ``(backfill, ok)``."""
 
 
 class AnswerStore:
@@ -276,6 +278,7 @@ class AnswerStore:
                 self.tracer.answered(fresh.values(), table.column("answered_ts")[0].as_py())
             for row in fresh.values():
                 self.stats.by_source[row["answer_source"]] += 1
+                self.stats.by_source_status[(row["answer_source"], row.get("status") or "")] += 1
             self.stats.answers_written += len(fresh)
             return len(fresh)
 
@@ -328,6 +331,7 @@ class AnswerStore:
                 self.tracer.backfilled(ok, rows, stamp)
             self.stats.backfilled += len(rows)
             self.stats.by_source["backfill"] += len(rows)
+            self.stats.by_source_status[("backfill", "ok")] += len(rows)
             return len(rows)
 
     def unanswered_requests(self, now_ms: int | None = None) -> list[dict]:

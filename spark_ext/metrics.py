@@ -22,6 +22,12 @@ from pyspark.sql.streaming import StreamingQueryListener
 _PREFIX = "sts_spark"
 
 
+def _rule_names(pipeline: Any) -> list[str]:
+    """The validation rules the pipeline applies (their counters start at 0)."""
+    validator = getattr(pipeline, "validator", None)
+    return list(validator.rules) if validator is not None else []
+
+
 class _PipelineCollector(Collector):
     """The pipeline's counters, read when Prometheus scrapes."""
 
@@ -35,11 +41,13 @@ class _PipelineCollector(Collector):
                                         "Requests submitted to the sidecar (ack rows).")
         submitted.add_metric([], p.submitted)
         yield submitted
-        answers = CounterMetricFamily(f"{_PREFIX}_answers", "Answer rows written, by source.",
-                                      labels=["source"])
-        for source in ("llm", "fallback", "backfill", *sorted(set(stats.by_source) - {
-                "llm", "fallback", "backfill"})):
-            answers.add_metric([source], stats.by_source.get(source, 0))
+        answers = CounterMetricFamily(f"{_PREFIX}_answers",
+                                      "Answer rows written, by source and status (a backfill "
+                                      "upgrades a fallback answer: source backfill, status ok).",
+                                      labels=["source", "status"])
+        counts = {("llm", "ok"): 0, ("backfill", "ok"): 0} | dict(stats.by_source_status)
+        for (source, status), n in sorted(counts.items()):
+            answers.add_metric([source, status], n)
         yield answers
         backlog = GaugeMetricFamily(f"{_PREFIX}_backlog_requests",
                                     "Accepted requests still waiting for their answer.")
@@ -52,7 +60,8 @@ class _PipelineCollector(Collector):
         invalid = CounterMetricFamily(f"{_PREFIX}_validation_failures",
                                       "Answers replaced by the fallback, by validation rule.",
                                       labels=["rule"])
-        for rule, n in sorted(p.validation_failures.items()):
+        failures = dict.fromkeys(_rule_names(p), 0) | dict(p.validation_failures)
+        for rule, n in sorted(failures.items()):
             invalid.add_metric([rule], n)
         yield invalid
 

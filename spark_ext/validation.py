@@ -140,6 +140,23 @@ class AnswerValidator:
                     f"validation.json_schema: not a valid schema ({e.message})") from None
             self._schema_validator = cls(schema)
 
+    @property
+    def rules(self) -> list[str]:
+        """Every verdict :meth:`check` can give with this config, in its order (the
+        driver's metrics start each at 0).
+
+        Example:
+            >>> AnswerValidator(ValidationConfig(pii=["email"])).rules
+            ['min_chars', 'max_chars', 'pii:email']
+        """
+        cfg = self.config
+        if not cfg.enabled:
+            return []
+        return ["min_chars", *(["max_chars"] if cfg.max_chars is not None else []),
+                *(f"must_not_match:{name}" for name in self._patterns),
+                *(f"pii:{name}" for name in sorted(cfg.pii, key=lambda n: n != "card")),
+                *(["json_schema"] if self._schema_validator is not None else [])]
+
     def check(self, text: str | None) -> str | None:
         """The first rule ``text`` breaks, or ``None`` when it may be sent."""
         cfg = self.config

@@ -8,7 +8,11 @@ generates no text (answers read ``[simulated] ...``) and is always labelled
   than ``max_num_seqs`` and their KV footprint fits ``kv_capacity_tokens``;
 * the step lasts ``step_base_ms + step_per_seq_ms * batch`` plus the prefill of
   newly admitted prompts at ``prefill_tokens_per_s``;
-* every running sequence emits one token; a sequence ends after ``max_tokens``.
+* every running sequence emits one token; a sequence ends after ``max_tokens``;
+* a prefix cache of whole KV blocks (``block_size`` tokens, chained hashes as in vLLM,
+  the ``prefix_cache_blocks`` most recently used kept): an admitted prompt's leading
+  blocks found there are not prefilled again and count as ``cached_tokens``, and the
+  engine's hit and lookup counters feed the prefix-cache hit rate.
 
 It is deterministic: the same arrivals give the same timings (up to the event
 loop's timer accuracy).
@@ -54,6 +58,14 @@ class SimulatedEngineConfig:
     chars_per_token: float = 4.0
     """Tokenizer stand-in: prompt tokens = characters / this."""
 
+    block_size: int = 16
+    """Tokens per KV block; the prefix cache keeps and finds whole blocks only (vLLM's
+    default on GPU)."""
+
+    prefix_cache_blocks: int = 8192
+    """Prompt blocks the prefix cache keeps, least recently used dropped first (8192
+    blocks of 16 = 131,072 tokens); 0: no prefix caching."""
+
     model_name: str = "simulated-llm"
     """Name reported as the served model."""
 
@@ -79,6 +91,9 @@ class SimulatedEngineConfig:
             raise ValueError(f"{self.replicas=} must be >= 1")
         if self.fail_after_s is not None and self.fail_after_s < 0:
             raise ValueError(f"{self.fail_after_s=} must be >= 0 or None")
+        if self.block_size < 1 or self.prefix_cache_blocks < 0:
+            raise ValueError(f"{self.block_size=} must be >= 1 and "
+                             f"{self.prefix_cache_blocks=} >= 0")
         if self.prefill_tokens_per_s <= 0 or self.kv_capacity_tokens < 1:
             raise ValueError(
                 f"{self.prefill_tokens_per_s=} and {self.kv_capacity_tokens=} must be positive"
@@ -93,7 +108,7 @@ class _SimSeq:
     """One sequence and its output channel (a list plus a future the consumer awaits
     when the list is empty: cheaper than an ``asyncio.Queue`` per request)."""
 
-    __slots__ = ("request", "out", "waiter", "generated", "footprint", "error")
+    __slots__ = ("request", "out", "waiter", "generated", "footprint", "error", "cached")
 
     def __init__(self, request: EngineRequest) -> None:
         self.request = request
@@ -102,6 +117,7 @@ class _SimSeq:
         self.generated = 0
         self.footprint = len(request.prompt_token_ids) + request.max_tokens
         self.error: BaseException | None = None
+        self.cached = 0
 
     def fail(self, error: BaseException) -> None:
         """End the stream with ``error`` (raised once the outputs before it are read)."""
@@ -179,6 +195,9 @@ class SimulatedEngine(Engine):
         self._failure: str | None = None
         self._fail_timer: asyncio.TimerHandle | None = None
         self.max_model_len = 1 << 20
+        self._prefix_cache: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._prefix_queries = 0
+        self._prefix_hits = 0
 
     @property
     def model_name(self) -> str:
@@ -192,8 +211,42 @@ class SimulatedEngine(Engine):
                     after, self.fail, f"simulated engine failure after {after:g} s (fail_after_s)")
 
     def encode_prompt(self, prompts: list[str]) -> list[list[int]]:
+        """Stand-in token ids: one per ``chars_per_token`` characters; with prefix
+        caching on, the first id of each whole block is a hash of the block's text, so
+        equal leading text gives equal blocks."""
         per = self.config.chars_per_token
-        return [list(range(max(1, int(len(p) / per)))) for p in prompts]
+        if not self.config.prefix_cache_blocks:
+            return [list(range(max(1, int(len(p) / per)))) for p in prompts]
+        bs = self.config.block_size
+        span = bs * per
+        out = []
+        for p in prompts:
+            ids = list(range(max(1, int(len(p) / per))))
+            for b in range(len(ids) // bs):
+                ids[b * bs] = hash(p[int(b * span):int((b + 1) * span)])
+            out.append(ids)
+        return out
+
+    def _lookup_and_cache(self, ids: list[int]) -> int:
+        """Prompt tokens found in the prefix cache (whole leading blocks; the last token
+        is always computed, as in vLLM); the prompt's blocks are cached from now on."""
+        cfg = self.config
+        bs, cache = cfg.block_size, self._prefix_cache
+        found, chain, hit = 0, 0, True
+        for b in range(len(ids) // bs):
+            chain = hash((chain, tuple(ids[b * bs:(b + 1) * bs])))
+            if hit and chain in cache and (b + 1) * bs < len(ids):
+                cache.move_to_end(chain)
+                found += bs
+                continue
+            hit = False
+            cache[chain] = None
+            cache.move_to_end(chain)
+        while len(cache) > cfg.prefix_cache_blocks:
+            cache.popitem(last=False)
+        self._prefix_queries += len(ids)
+        self._prefix_hits += found
+        return found
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineProgress]:
         if self._task is None:
@@ -240,6 +293,8 @@ class SimulatedEngine(Engine):
             kv_cache_usage=self._kv_used / self.config.kv_capacity_tokens,
             running=len(self._running),
             waiting=len(self._waiting),
+            prefix_cache_queries=self._prefix_queries if self.config.prefix_cache_blocks else None,
+            prefix_cache_hits=self._prefix_hits if self.config.prefix_cache_blocks else None,
         )
 
     async def _step_loop(self) -> None:
@@ -256,7 +311,10 @@ class SimulatedEngine(Engine):
                 heapq.heappop(self._waiting)
                 self._running[seq.request.request_id] = seq
                 self._kv_used += seq.footprint
-                prefill_tokens += len(seq.request.prompt_token_ids)
+                ids = seq.request.prompt_token_ids
+                if cfg.prefix_cache_blocks:
+                    seq.cached = self._lookup_and_cache(ids)
+                prefill_tokens += len(ids) - seq.cached
             batch = len(self._running)
             await asyncio.sleep(cfg.step_seconds(batch) + prefill_tokens / cfg.prefill_tokens_per_s)
             for rid, seq in list(self._running.items()):
@@ -266,7 +324,7 @@ class SimulatedEngine(Engine):
                     seq.put(EngineProgress(
                         text=cfg.text.format(tokens=seq.generated) if done else "",
                         output_tokens=seq.generated,
-                        cached_tokens=0,
+                        cached_tokens=seq.cached,
                         finished=done,
                         finish_reason=FinishReason.LENGTH if done else None,
                     ))
@@ -325,6 +383,10 @@ class SimulatedCluster(Engine):
             kv_cache_usage=sum(p.kv_cache_usage or 0.0 for p in parts) / len(parts),
             running=sum(p.running or 0 for p in parts),
             waiting=sum(p.waiting or 0 for p in parts),
+            prefix_cache_queries=(None if not self.config.prefix_cache_blocks
+                                  else sum(p.prefix_cache_queries or 0 for p in parts)),
+            prefix_cache_hits=(None if not self.config.prefix_cache_blocks
+                               else sum(p.prefix_cache_hits or 0 for p in parts)),
         )
 
     async def shutdown(self) -> None:

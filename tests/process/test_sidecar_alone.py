@@ -85,7 +85,8 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert found.stdout.strip() == str(shipped), found.stdout + found.stderr
     for name in ("sidecar.yaml", "pipeline.yaml", "profiles/seed-200qps.yaml",
-                 "cluster/databricks-init.sh", "cluster/k8s-pod-template.yaml"):
+                 "cluster/databricks-init.sh", "cluster/k8s-pod-template.yaml",
+                 "grafana/sts-spark.json", "prometheus/alerts.yml", "prometheus/prometheus.yml"):
         assert (shipped / name).is_file(), name
     # Capacity planning needs no Spark side: a shipped profile by name, from any folder.
     plan = subprocess.run([str(venv / "bin" / "sts"), "plan", "--profile", "seed-200qps"],
