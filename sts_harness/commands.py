@@ -26,6 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--max-tokens", type=int, default=48)
     demo.add_argument("--l1l2", action="store_true",
                       help="L1 routing (MiniLM + classifier) and L2 retrieval (Milvus Lite)")
+    demo.add_argument("--rollout", choices=["full", "canary", "shadow", "offline"],
+                      default="full", help="rollout.mode of the pipeline (README 'Rolling out')")
+    demo.add_argument("--canary-share", type=float, default=0.1,
+                      help="share of events the model answers with --rollout canary")
     demo.set_defaults(func=_run_demo)
 
     events = sub.add_parser("events", help="stream the sample tickets into a folder "
@@ -78,7 +82,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     try:
         opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
                            engine=args.engine, max_tokens=args.max_tokens,
-                           overwrite=args.overwrite, l1l2=args.l1l2)
+                           overwrite=args.overwrite, l1l2=args.l1l2,
+                           rollout=args.rollout, canary_share=args.canary_share)
     except ValueError as e:
         print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2

@@ -68,6 +68,12 @@ class DemoOptions:
     l1l2: bool = False
     """Run L1 routing and L2 retrieval (router and knowledge base built into ``out/l1l2``)."""
 
+    rollout: str = "full"
+    """The pipeline's ``rollout.mode`` (``full``, ``canary``, ``shadow``, ``offline``)."""
+
+    canary_share: float = 0.1
+    """``rollout.canary_share``: the model's share of events in ``canary`` mode."""
+
     def __post_init__(self) -> None:
         if not self.rate > 0:
             raise ValueError(f"{self.rate=} must be > 0 events/s")
@@ -75,6 +81,9 @@ class DemoOptions:
             raise ValueError(f"{self.duration=} must be > 0 seconds")
         if self.max_tokens < 1:
             raise ValueError(f"{self.max_tokens=} must be >= 1")
+        from spark_ext.config import RolloutConfig
+
+        RolloutConfig(mode=self.rollout, canary_share=self.canary_share)  # checks both
 
 
 def load_samples() -> list[dict]:
@@ -252,6 +261,7 @@ def run_demo(opts: DemoOptions) -> dict:
                         "token_file": str(token_file)},
             "output": {"out_dir": str(out / "tables"),
                        "checkpoint_dir": str(out / "checkpoints")},
+            "rollout": {"mode": opts.rollout, "canary_share": opts.canary_share},
         })
         pipeline = StsPipeline(spark, config)
         stack.callback(pipeline.stop)
@@ -310,6 +320,11 @@ def run_demo(opts: DemoOptions) -> dict:
         answers = pipeline.store.read("answers").to_pylist()
         summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats)
         summary["incomplete"] = failure
+        from sts_harness.rollout_report import rollout_shares
+
+        summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")
+                                            .to_pylist(), mode=opts.rollout,
+                                            canary_share=opts.canary_share)
         from sts_harness.demo_plots import plot_demo
 
         high, normal, low = opts.sla_ms
@@ -317,6 +332,8 @@ def run_demo(opts: DemoOptions) -> dict:
             answers, out / "plots", {"high": high, "normal": normal, "low": low})]
         summary["tables"] = {name: config.output.table(name)
                              for name in ("answers", "requests", "results")}
+        if opts.rollout == "shadow":
+            summary["tables"]["shadow_answers"] = config.output.table("shadow_answers")
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         return summary
     finally:
@@ -338,6 +355,10 @@ def print_summary(summary: dict) -> None:
                             if k != "n" and x is not None)
         print(f"{p:<7} LLM within SLA {v['llm_on_time']:>4}/{v['events']:<4} ({share:>4})  "
               f"latency {figures}")
+    if "rollout" in summary:
+        from sts_harness.rollout_report import format_rollout
+
+        print(format_rollout(summary["rollout"]))
     llm_rate = summary["llm_answers_per_s"] or 0.0
     print(f"llm answers/s        {llm_rate:.2f}")
     hit = summary["prefix_cache_hit_rate"]
