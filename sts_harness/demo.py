@@ -132,8 +132,10 @@ def spark_cpus(engine: str) -> set[int] | None:
     return rest
 
 
-def prepare_out(out: Path, *, overwrite: bool) -> None:
-    """Make ``out`` ready for a demo run without ever deleting what the demo did not write.
+def prepare_out(out: Path, *, overwrite: bool, command: str = "sts demo",
+                marker: str = MARKER, outputs: tuple[str, ...] = _OUTPUTS) -> None:
+    """Make ``out`` ready for a demo run without ever deleting what the demo did not write
+    (``command``, ``marker`` and ``outputs``: the same for another command's folder).
 
     An empty or missing folder is used as is; a folder an earlier demo wrote (it holds
     :data:`MARKER`) is cleared of the demo's outputs when ``overwrite`` is set.
@@ -146,22 +148,22 @@ def prepare_out(out: Path, *, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).exists():
-            raise FileExistsError(f"--out {out} is not empty and was not written by sts demo; "
+        if not (out / marker).exists():
+            raise FileExistsError(f"--out {out} is not empty and was not written by {command}; "
                                   "choose an empty or new folder")
         if not overwrite:
-            raise FileExistsError(f"--out {out} holds an earlier demo's output; "
-                                  "pass --overwrite to replace it")
+            raise FileExistsError(f"--out {out} holds an earlier {command.split()[-1]}'s "
+                                  "output; pass --overwrite to replace it")
         import shutil
 
-        for name in _OUTPUTS:
+        for name in outputs:
             path = out / name
             if path.is_dir():
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by sts demo\n", encoding="utf-8")
+    (out / marker).write_text(f"written by {command}\n", encoding="utf-8")
 
 
 def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -> dict:
