@@ -16,6 +16,10 @@ safety net       every ``safety_net_interval_s``: accepted requests with no answ
                  when no result arrives at all (sidecar killed).
 maintenance      every ``maintenance.interval_s``: compaction and vacuum of the tables.
 
+With a ``rollout`` mode other than ``full`` (:mod:`spark_ext.rollout`), the submit
+query answers the events of the rule arm at once and submits only the model's arm;
+``shadow`` results go to the ``shadow_answers`` table (:mod:`spark_ext.shadow`).
+
 Every write is an idempotent Delta append (app transaction = query + batch id), and
 the store's ledger keeps one answer row per request (:mod:`spark_ext.answer_store`).
 If a query or a ticker dies, the pipeline stops everything and :meth:`StsPipeline.check`
