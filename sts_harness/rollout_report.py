@@ -37,7 +37,7 @@ def rollout_shares(answers: list[dict], shadow: list[dict], *, mode: str,
 def format_rollout(r: Mapping[str, Any]) -> str:
     """One summary line for :func:`rollout_shares`."""
     share = f"{r['llm_arm_share']:.0%}" if r["llm_arm_share"] is not None else "n/a"
-    line = (f"rollout {r['mode']:<8} model served {r['llm_arm']}/{r['events']} ({share}), "
+    line = (f"rollout {r['mode']:<8} model's arm {r['llm_arm']}/{r['events']} ({share}), "
             f"rule arm {r['rule_arm']}")
     if r["mode"] == "canary":
         line += f" (canary_share {r['canary_share']:g})"

@@ -140,6 +140,7 @@ def run_validate(opts: ValidateOptions) -> dict:
             print(f"Starting sidecar ({opts.engine}); log: {out / 'sidecar.log'}", flush=True)
             sidecar = stack.enter_context(SidecarProcess(
                 out / "results", ["--engine", opts.engine, "--sidecar-id", "validate-sidecar",
+                                  "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8",
                                   "--set", f"server.token_file={json.dumps(str(token_file))}"],
                 log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
                 security=ClientSecurity(token_file=str(token_file))))
