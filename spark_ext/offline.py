@@ -163,8 +163,9 @@ def run_offline(spark: SparkSession, events: pa.Table, config: PipelineConfig, *
             for a in reject_invalid(answers_from_results(table, key_columns=keys,
                                                          fallback_text=fallback),
                                     invalid, fallback):
-                served[a["request_id"]] = a | {"validation": invalid.get(a["request_id"],
-                                                                          "pass")}
+                ok = reader.rows[a["request_id"]]["status"] == "ok"
+                served[a["request_id"]] = a | {
+                    "validation": invalid.get(a["request_id"], "pass") if ok else None}
         lost = [acks_by_id[rid] for rid in waiting if rid not in reader.rows]
         for a in answers_for_lost(lost, key_columns=keys, fallback_text=fallback):
             served[a["request_id"]] = a
