@@ -252,7 +252,8 @@ class StsPipeline:
                 batch_to_llm = batch.where(F.col(ARM_COLUMN).isin("llm", "shadow"))
                 if mode == "shadow":
                     extra[SHADOW_ATTRIBUTE] = "1"
-            direct = batch.where(F.col("route") != "llm").drop("prompt").toArrow()
+            direct = (batch.where(F.col("route") != "llm").drop("prompt").toArrow()
+                      if fast_path.enabled(self.config) else pa.table({}))  # else all `llm`
             if direct.num_rows:
                 self.store.record_answers(
                     fast_path.fast_answers(direct.to_pylist(),
