@@ -54,3 +54,25 @@ def test_out_that_it_did_not_create_is_refused(tmp_path: Path, capsys) -> None:
 
 def test_bad_numbers(tmp_path: Path, capsys) -> None:
     assert "--limit 0" in _fails(["--limit", "0", "--out", str(tmp_path / "o")], capsys)
+
+
+def test_parquet_and_partitioned_delta_events_are_read(tmp_path: Path) -> None:
+    """Past events as a Parquet file, a Parquet folder or a partitioned Delta table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import write_deltalake
+
+    from spark_ext.event_tables import read_event_table
+
+    events = pa.table({"ticket_id": ["T1", "T2", "T3"], "text": ["a", "b", "c"],
+                       "priority": ["high", "low", "low"]})
+    pq.write_table(events, tmp_path / "events.parquet")
+    (tmp_path / "folder").mkdir()
+    pq.write_table(events, tmp_path / "folder" / "part-0.parquet")
+    write_deltalake(str(tmp_path / "delta"), events, partition_by=["priority"])
+    for source in ("events.parquet", "folder", "delta"):
+        table = read_event_table(tmp_path / source)
+        rows = sorted(table.select(["ticket_id", "text", "priority"]).to_pylist(),
+                      key=lambda r: r["ticket_id"])
+        assert rows == events.to_pylist(), source
+    assert read_event_table(tmp_path / "delta", limit=2).num_rows == 2
