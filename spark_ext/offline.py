@@ -167,6 +167,10 @@ def run_offline(spark: SparkSession, events: pa.Table, config: PipelineConfig, *
                 served[a["request_id"]] = a | {
                     "validation": invalid.get(a["request_id"], "pass") if ok else None}
         lost = [acks_by_id[rid] for rid in waiting if rid not in reader.rows]
+        if lost and len(lost) == len(waiting):
+            logger.warning("No result row came for any of the %d accepted requests of this "
+                           "wave: is %s the folder that sidecar writes?", len(lost),
+                           config.sidecar.results_dir)
         for a in answers_for_lost(lost, key_columns=keys, fallback_text=fallback):
             served[a["request_id"]] = a
         for ack in acks_by_id.values():

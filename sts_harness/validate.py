@@ -10,6 +10,7 @@ starts a sidecar (``--engine``) unless ``--endpoint`` names one, runs L1-L4 in b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -85,7 +86,7 @@ def _config(opts: ValidateOptions):  # -> PipelineConfig
     config = PipelineConfig.from_yaml(opts.config) if opts.config else PipelineConfig()
     if opts.key_columns:
         config.tagging.key_columns = list(opts.key_columns)
-    elif opts.input is None and not opts.config:
+    elif opts.input is None:  # the shipped samples are keyed by ticket_id
         config.tagging.key_columns = [SAMPLE_KEY]
     if opts.max_tokens is not None:
         config.tagging.max_tokens = opts.max_tokens
@@ -127,10 +128,11 @@ def run_validate(opts: ValidateOptions) -> dict:
     from sts_harness.rollout_report import priority_table
 
     with contextlib.ExitStack() as stack:
-        if opts.endpoint:
-            config.sidecar.endpoint = opts.endpoint
-            if opts.results_dir:
-                config.sidecar.results_dir = str(Path(opts.results_dir).resolve())
+        if opts.endpoint:  # that sidecar, with the config's credentials
+            config.sidecar = dataclasses.replace(
+                config.sidecar, endpoint=opts.endpoint, gpu_endpoint=None, launch="none",
+                results_dir=(str(Path(opts.results_dir).resolve()) if opts.results_dir
+                             else config.sidecar.results_dir))
         else:
             if opts.engine == "vllm":
                 from sidecar import prepare_default_model
@@ -144,9 +146,10 @@ def run_validate(opts: ValidateOptions) -> dict:
                                   "--set", f"server.token_file={json.dumps(str(token_file))}"],
                 log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
                 security=ClientSecurity(token_file=str(token_file))))
-            config.sidecar.endpoint = sidecar.target
-            config.sidecar.results_dir = str(out / "results")
-            config.sidecar.token_file, config.sidecar.token_env = str(token_file), None
+            config.sidecar = dataclasses.replace(  # ours: plaintext loopback, its token
+                config.sidecar, endpoint=sidecar.target, gpu_endpoint=None, launch="none",
+                results_dir=str(out / "results"), token_file=str(token_file), token_env=None,
+                tls_ca_file=None, tls_cert_file=None, tls_key_file=None, tls_server_name=None)
         spark = stack.enter_context(session_scope("sts-validate"))
         run_id = f"validate-{uuid.uuid4().hex[:12]}"
         started = time.monotonic()
