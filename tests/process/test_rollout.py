@@ -12,18 +12,51 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import main as sts_main
+from sidecar.contract import PRIORITY_NAMES, write_text_atomically
+from spark_ext.config import PipelineConfig
 from spark_ext.event_tables import read_event_table
 from spark_ext.pipeline import StsPipeline
 from spark_ext.rollout import canary_bucket
 from sts_harness.demo import DemoOptions, run_demo
-from tests.process.test_spark_pipeline import (_answers, _config, _events, _run_until,
-                                               _sim_sidecar, _write_events)
+from tests.utils import RemoteSidecar, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
 RULE = "Thanks for your message. An agent will get back to you shortly."
 #: Deadlines far enough out that a busy shared machine still gets every model answer.
 SLA = {"high": 120_000, "normal": 120_000, "low": 120_000}
+
+
+def _config(tmp: Path, endpoint: str, results_dir: str, **sections) -> PipelineConfig:
+    data = {"source": {"path": str(tmp / "events")},
+            "tagging": {"event_time_ms": None, "max_tokens": 8, "sla_ms": SLA},
+            "sidecar": {"endpoint": endpoint, "results_dir": results_dir, "timeout_s": 3.0},
+            "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
+            "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt")}}
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return PipelineConfig.from_dict(data)
+
+
+def _write_events(tmp: Path, prefix: str, n: int) -> None:
+    events = [{"event_id": f"{prefix}-{i}", "text": f"My order {i} is late.",
+               "priority": PRIORITY_NAMES[i % 3], "event_ts": 0} for i in range(n)]
+    write_text_atomically(tmp / "events" / f"{prefix}.json",
+                          "".join(json.dumps(e) + "\n" for e in events))
+
+
+def _answers(pipeline: StsPipeline) -> dict[str, dict]:
+    rows = pipeline.store.read("answers").to_pylist()
+    by_id = {r["request_id"]: r for r in rows}
+    assert len(by_id) == len(rows), "two answers for one request"
+    return by_id
+
+
+def _run_until(pipeline: StsPipeline, done) -> None:
+    def check() -> bool:
+        pipeline.process_all_available()
+        return done()
+    wait_until(check, 120, interval_s=0.3, what="the pipeline's answers")
 
 
 def _request_id(event_id: str) -> str:
@@ -39,17 +72,19 @@ def test_modes_switch_over_the_same_checkpoints(spark, tmp_path: Path) -> None:
     """full -> shadow on one checkpoint folder: each event is answered once; shadow serves
     the rule answer at once and keeps the model's (validated) answer in shadow_answers
     only, never backfilling the served one. (The canary's exact arms: the demo test.)"""
-    with _sim_sidecar(tmp_path, "rollout") as sidecar:
+    args = ["--engine", "simulated", "--sidecar-id", "rollout", "--set",
+            "engine.simulated.step_base_ms=20", "--set", "results.flush_interval_s=0.05",
+            "--set", "scheduler.deadline_admission=false"]
+    with RemoteSidecar(tmp_path / "results", args, log_path=tmp_path / "sidecar.log") as sidecar:
         def phase(prefix: str, n: int, total: int, **sections) -> StsPipeline:
-            cfg = _config(tmp_path, sidecar.target, str(sidecar.results_dir),
-                          tagging={"sla_ms": SLA}, **sections)
-            _write_events(tmp_path, prefix, _events(prefix, n))
+            cfg = _config(tmp_path, sidecar.target, str(sidecar.results_dir), **sections)
+            _write_events(tmp_path, prefix, n)
             pipeline = StsPipeline(spark, cfg)
             pipeline.start()
             try:
-                _run_until(pipeline, lambda a: len(a) == total)
+                _run_until(pipeline, lambda: len(_answers(pipeline)) == total)
                 if sections.get("rollout", {}).get("mode") == "shadow":
-                    _run_until(pipeline, lambda a: pipeline.store.read(
+                    _run_until(pipeline, lambda: pipeline.store.read(
                         "shadow_answers").num_rows == n)
             finally:
                 pipeline.stop()
