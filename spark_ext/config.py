@@ -13,6 +13,7 @@ from spark_ext.validation import ValidationConfig
 
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
 SidecarLaunch = Literal["none", "lazy"]
+RolloutMode = Literal["full", "canary", "shadow", "offline"]
 
 
 @dataclass
@@ -399,6 +400,33 @@ class MaintenanceConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """How much of the LLM-routed traffic the model answers (README "Rolling out").
+    Switching mode needs no code change and keeps the checkpoints."""
+
+    mode: RolloutMode = "full"
+    """``full``: the model answers every LLM-routed event. ``canary``: only events whose
+    stable hash of ``request_id`` is below ``canary_share`` go to the model, the rest
+    get the rule answer (``answers.fallback_text``) at once. ``shadow``: the model runs
+    for every LLM-routed event, its answers go to the ``shadow_answers`` table, the
+    served answer is the rule one. ``offline``: nothing goes to the model live (the
+    rule answer is served); ``sts validate`` compares both over past events."""
+
+    canary_share: float = 0.1
+    """Share of LLM-routed events the model answers in ``canary`` mode, in [0, 1]."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("full", "canary", "shadow", "offline"):
+            raise PipelineConfigError(f"rollout.mode={self.mode!r} must be full, canary, "
+                                      "shadow or offline")
+        share = self.canary_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) \
+                or not 0.0 <= share <= 1.0:
+            raise PipelineConfigError(f"rollout.canary_share={self.canary_share!r} must be "
+                                      "in [0, 1]")
+
+
+@dataclass
 class PipelineConfig:
     """The whole Spark-side pipeline (``conf/pipeline.yaml``)."""
 
@@ -413,13 +441,14 @@ class PipelineConfig:
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     knowledge_base: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     SECTIONS: ClassVar[dict[str, type]] = {
         "source": SourceConfig, "tagging": TaggingConfig, "template": TemplateConfig,
         "sidecar": SidecarEndpointConfig, "answers": AnswersConfig, "output": OutputConfig,
         "maintenance": MaintenanceConfig, "validation": ValidationConfig,
         "embedding": EmbeddingConfig, "routing": RoutingConfig,
-        "knowledge_base": KnowledgeBaseConfig,
+        "knowledge_base": KnowledgeBaseConfig, "rollout": RolloutConfig,
     }
 
     @classmethod

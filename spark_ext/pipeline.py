@@ -16,6 +16,10 @@ safety net       every ``safety_net_interval_s``: accepted requests with no answ
                  when no result arrives at all (sidecar killed).
 maintenance      every ``maintenance.interval_s``: compaction and vacuum of the tables.
 
+With a ``rollout`` mode other than ``full`` (:mod:`spark_ext.rollout`), the submit
+query answers the events of the rule arm at once and submits only the model's arm;
+``shadow`` results go to the ``shadow_answers`` table (:mod:`spark_ext.shadow`).
+
 Every write is an idempotent Delta append (app transaction = query + batch id), and
 the store's ledger keeps one answer row per request (:mod:`spark_ext.answer_store`).
 If a query or a ticker dies, the pipeline stops everything and :meth:`StsPipeline.check`
@@ -45,7 +49,9 @@ from spark_ext.answers import (KB_IDS, answers_from_refusals, answers_from_resul
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineFailedError
 from spark_ext.results_source import SOURCE_NAME, register_results_source
+from spark_ext.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, rollout_answers, with_arm
 from spark_ext.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
+from spark_ext.shadow import ShadowAnswers, shadow_mask
 from spark_ext.submit import check_sidecars, submit_requests
 from spark_ext.tagging import build_requests
 from spark_ext.template import PromptTemplate
@@ -149,6 +155,8 @@ class StsPipeline:
         """Answers replaced by the fallback since start, per validation rule."""
         self.submitted = 0
         """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
+        self.shadow = ShadowAnswers(self.store, horizon_s=config.answers.ledger_horizon_s)
+        """The ``shadow_answers`` table (rollout ``shadow``, :mod:`spark_ext.shadow`)."""
         self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
                                     fallback_text=config.answers.fallback_text,
                                     app_id=self._app_id("safety-net", "answers"))
@@ -183,7 +191,10 @@ class StsPipeline:
         events = events if events is not None else self.events()
         if fast_path.enabled(self.config):  # L1 routing / L2 retrieval: adds `route`
             events = fast_path.apply_fast_path(events, self.config)
-        return build_requests(events, self.config.tagging, self.template)
+        requests = build_requests(events, self.config.tagging, self.template)
+        if self.config.rollout.mode != "full":  # canary/shadow/offline: adds `rollout_arm`
+            requests = with_arm(requests, self.config.rollout)
+        return requests
 
     def acks(self, events: DataFrame | None = None) -> DataFrame:
         return submit_requests(self.requests(events), self.config.sidecar,
@@ -208,6 +219,11 @@ class StsPipeline:
         self.store.append("requests", table, app_id=self._app_id("submit", "requests"),
                           version=batch_id)
         answers = self.config.answers
+        if ARM_COLUMN in table.column_names:  # shadow requests: answered already (rule)
+            shadow = pc.fill_null(pc.equal(table.column(ARM_COLUMN), "shadow"), False)
+            self.shadow.record_refusals(table.filter(shadow), fallback_text=answers.fallback_text,
+                                        app_id=self._app_id("submit", "shadow"), version=batch_id)
+            table = table.filter(pc.invert(shadow))
         self.store.record_answers(
             answers_from_refusals(table, key_columns=self.config.tagging.key_columns,
                                   fallback_text=answers.fallback_text),
@@ -219,26 +235,42 @@ class StsPipeline:
 
     def _write_fast_path_then_submit(self, batch: DataFrame, batch_id: int) -> None:
         """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once; only
-        ``llm`` ones are submitted. The batch is computed once (persisted)."""
+        ``llm`` ones are submitted. The batch is computed once (persisted). With a
+        rollout mode, ``rule``/``shadow`` arm events get the rule answer at once and
+        only ``llm``/``shadow`` ones are submitted (:mod:`spark_ext.rollout`)."""
         from pyspark.sql import functions as F
 
         batch = batch.persist()
         try:
-            direct = batch.where(F.col("route") != "llm").drop("prompt").toArrow()
+            mode = self.config.rollout.mode
+            extra = {PIPELINE_ATTRIBUTE: self.pipeline_id}
+            if ARM_COLUMN in batch.columns:
+                held = batch.where(F.col(ARM_COLUMN).isin("rule", "shadow")).drop("prompt")
+                if (held_rows := held.toArrow()).num_rows:
+                    self.store.record_answers(
+                        rollout_answers(held_rows.to_pylist(), mode=mode,
+                                        key_columns=self.config.tagging.key_columns,
+                                        rule_text=self.config.answers.fallback_text),
+                        app_id=self._app_id("submit", "rollout"), version=batch_id)
+                batch_to_llm = batch.where(F.col(ARM_COLUMN).isin("llm", "shadow"))
+                if mode == "shadow":
+                    extra[SHADOW_ATTRIBUTE] = "1"
+            direct = (batch.where(F.col("route") != "llm").drop("prompt").toArrow()
+                      if fast_path.enabled(self.config) else pa.table({}))  # else all `llm`
             if direct.num_rows:
                 self.store.record_answers(
                     fast_path.fast_answers(direct.to_pylist(),
                                            key_columns=self.config.tagging.key_columns,
                                            rule_text=self.config.routing.rule_text),
                     app_id=self._app_id("submit", "fast-path"), version=batch_id)
-            to_llm = batch.where(F.col("route") == "llm").drop(
+            to_llm = (batch_to_llm if ARM_COLUMN in batch.columns
+                      else batch.where(F.col("route") == "llm")).drop(
                 *[c for c in ("kb_texts", "kb_context", "kb_answer", "kb_answer_id")
                   if c in batch.columns])
             carried = [*self.config.tagging.key_columns,
                        *([KB_IDS] if KB_IDS in to_llm.columns else [])]
             self._write_submitted(submit_requests(
-                to_llm, self.config.sidecar, carried,
-                {PIPELINE_ATTRIBUTE: self.pipeline_id},
+                to_llm, self.config.sidecar, carried, extra,
                 traceparent_column=self.config.tagging.traceparent), batch_id)
         finally:
             batch.unpersist()
@@ -249,6 +281,12 @@ class StsPipeline:
             mine = pc.equal(pc.map_lookup(table.column("attributes"), PIPELINE_ATTRIBUTE,
                                           "first"), self.pipeline_id)
             table = table.filter(pc.fill_null(mine, False))
+        if table.num_rows and pc.any(shadow := shadow_mask(table)).as_py():  # never served
+            self.shadow.record_results(table.filter(shadow), check=self.validator.check,
+                                       fallback_text=self.config.answers.fallback_text,
+                                       app_id=self._app_id("answers", "shadow"),
+                                       version=batch_id)
+            table = table.filter(pc.invert(shadow))
         if table.num_rows == 0:
             return
         keys, fallback = self.config.tagging.key_columns, self.config.answers.fallback_text
@@ -309,6 +347,7 @@ class StsPipeline:
         tables, so a restart neither answers twice nor forgets a request.
         """
         self.store.load_ledger()
+        self.shadow.load()
         self.safety_net.watch(self.store.unanswered_requests())
         if self.config.sidecar.check_at_start:
             self.check_sidecars()
@@ -320,8 +359,9 @@ class StsPipeline:
             self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
             logger.info("Spark-side metrics on http://%s:%d/metrics",
                         self.config.output.metrics_addr, self.metrics_port)
-        if fast_path.enabled(self.config):
-            fast_path.warm_up(self.spark, self.config)
+        if fast_path.enabled(self.config) or self.config.rollout.mode != "full":
+            if fast_path.enabled(self.config):
+                fast_path.warm_up(self.spark, self.config)
             submit = self._start(self.requests(events), "submit",
                                  self._write_fast_path_then_submit)
         else:

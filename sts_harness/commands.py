@@ -1,4 +1,4 @@
-"""The harness's ``sts`` subcommands: ``demo``, ``events``, ``l1``/``kb`` from
+"""The harness's ``sts`` subcommands: ``demo``, ``validate``, ``events``, ``l1``/``kb`` from
 :mod:`sts_harness.l1l2_commands` and ``trace`` from :mod:`sts_harness.trace_commands`.
 Registered through ``sts.commands``."""
 
@@ -28,7 +28,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--max-tokens", type=int, default=48)
     demo.add_argument("--l1l2", action="store_true",
                       help="L1 routing (MiniLM + classifier) and L2 retrieval (Milvus Lite)")
+    demo.add_argument("--rollout", choices=["full", "canary", "shadow", "offline"],
+                      default="full", help="rollout.mode of the pipeline (README 'Rolling out')")
+    demo.add_argument("--canary-share", type=float, default=0.1,
+                      help="share of events the model answers with --rollout canary")
     demo.set_defaults(func=_run_demo)
+
+    validate = sub.add_parser("validate", help="rollout offline: L1-L4 over past events, "
+                                               "model vs rule answers, a report table")
+    validate.add_argument("--input", default=None,
+                          help="Delta table, Parquet or JSON lines of past events "
+                               "(default: the shipped sample tickets)")
+    validate.add_argument("--out", default="./sts-validate",
+                          help="output folder; an existing one must be empty or an earlier "
+                               "sts validate's")
+    validate.add_argument("--overwrite", action="store_true",
+                          help="replace an earlier sts validate's output in --out")
+    validate.add_argument("--config", default=None, help="pipeline YAML (tagging, template, "
+                          "validation, routing, sidecar)")
+    validate.add_argument("--engine", choices=["vllm", "simulated"], default="vllm",
+                          help="engine of the sidecar it starts")
+    validate.add_argument("--endpoint", default=None,
+                          help="use this running sidecar instead of starting one")
+    validate.add_argument("--results-dir", default=None,
+                          help="the result folder of --endpoint's sidecar")
+    validate.add_argument("--key-columns", default=None,
+                          help="comma-separated key columns of the events")
+    validate.add_argument("--limit", type=int, default=None, help="only the first N events")
+    validate.add_argument("--wave", type=int, default=16, help="requests in flight at once")
+    validate.add_argument("--max-tokens", type=int, default=None,
+                          help="tagging.max_tokens of the requests")
+    validate.set_defaults(func=_run_validate)
 
     events = sub.add_parser("events", help="stream the sample tickets into a folder "
                                            "(the input of a spark-submit job)")
@@ -69,6 +99,34 @@ def _run_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_validate(args: argparse.Namespace) -> int:
+    try:
+        import pyspark  # noqa: F401
+
+        from sts_harness.validate import ValidateOptions, print_summary, run_validate
+    except ImportError as e:
+        print(f"sts: needs module {e.name!r}; {SPARK_EXTRA_HINT} (sts validate)",
+              file=sys.stderr)
+        return 2
+    from spark_ext.exceptions import InputFileError, PipelineConfigError
+
+    keys = [k.strip() for k in args.key_columns.split(",") if k.strip()] \
+        if args.key_columns else None
+    try:
+        opts = ValidateOptions(input=args.input, out=args.out, config=args.config,
+                               engine=args.engine, endpoint=args.endpoint,
+                               results_dir=args.results_dir, key_columns=keys,
+                               limit=args.limit, wave=args.wave, max_tokens=args.max_tokens,
+                               overwrite=args.overwrite)
+        summary = run_validate(opts)
+    except (InputFileError, PipelineConfigError, FileExistsError, NotADirectoryError,
+            ValueError) as e:
+        print(f"sts: {' '.join(str(e).split())} (sts validate)", file=sys.stderr)
+        return 2
+    print_summary(summary)
+    return 0
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     try:
         import pyspark  # noqa: F401
@@ -80,7 +138,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     try:
         opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
                            engine=args.engine, max_tokens=args.max_tokens,
-                           overwrite=args.overwrite, l1l2=args.l1l2)
+                           overwrite=args.overwrite, l1l2=args.l1l2,
+                           rollout=args.rollout, canary_share=args.canary_share)
     except ValueError as e:
         print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2

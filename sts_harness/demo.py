@@ -68,6 +68,12 @@ class DemoOptions:
     l1l2: bool = False
     """Run L1 routing and L2 retrieval (router and knowledge base built into ``out/l1l2``)."""
 
+    rollout: str = "full"
+    """The pipeline's ``rollout.mode`` (``full``, ``canary``, ``shadow``, ``offline``)."""
+
+    canary_share: float = 0.1
+    """``rollout.canary_share``: the model's share of events in ``canary`` mode."""
+
     def __post_init__(self) -> None:
         if not self.rate > 0:
             raise ValueError(f"{self.rate=} must be > 0 events/s")
@@ -75,6 +81,9 @@ class DemoOptions:
             raise ValueError(f"{self.duration=} must be > 0 seconds")
         if self.max_tokens < 1:
             raise ValueError(f"{self.max_tokens=} must be >= 1")
+        from spark_ext.config import RolloutConfig
+
+        RolloutConfig(mode=self.rollout, canary_share=self.canary_share)  # checks both
 
 
 def load_samples() -> list[dict]:
@@ -123,8 +132,10 @@ def spark_cpus(engine: str) -> set[int] | None:
     return rest
 
 
-def prepare_out(out: Path, *, overwrite: bool) -> None:
-    """Make ``out`` ready for a demo run without ever deleting what the demo did not write.
+def prepare_out(out: Path, *, overwrite: bool, command: str = "sts demo",
+                marker: str = MARKER, outputs: tuple[str, ...] = _OUTPUTS) -> None:
+    """Make ``out`` ready for a demo run without ever deleting what the demo did not write
+    (``command``, ``marker`` and ``outputs``: the same for another command's folder).
 
     An empty or missing folder is used as is; a folder an earlier demo wrote (it holds
     :data:`MARKER`) is cleared of the demo's outputs when ``overwrite`` is set.
@@ -137,22 +148,22 @@ def prepare_out(out: Path, *, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).exists():
-            raise FileExistsError(f"--out {out} is not empty and was not written by sts demo; "
+        if not (out / marker).exists():
+            raise FileExistsError(f"--out {out} is not empty and was not written by {command}; "
                                   "choose an empty or new folder")
         if not overwrite:
-            raise FileExistsError(f"--out {out} holds an earlier demo's output; "
-                                  "pass --overwrite to replace it")
+            raise FileExistsError(f"--out {out} holds an earlier {command.split()[-1]}'s "
+                                  "output; pass --overwrite to replace it")
         import shutil
 
-        for name in _OUTPUTS:
+        for name in outputs:
             path = out / name
             if path.is_dir():
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by sts demo\n", encoding="utf-8")
+    (out / marker).write_text(f"written by {command}\n", encoding="utf-8")
 
 
 def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -> dict:
@@ -252,6 +263,7 @@ def run_demo(opts: DemoOptions) -> dict:
                         "token_file": str(token_file)},
             "output": {"out_dir": str(out / "tables"),
                        "checkpoint_dir": str(out / "checkpoints")},
+            "rollout": {"mode": opts.rollout, "canary_share": opts.canary_share},
         })
         pipeline = StsPipeline(spark, config)
         stack.callback(pipeline.stop)
@@ -310,6 +322,11 @@ def run_demo(opts: DemoOptions) -> dict:
         answers = pipeline.store.read("answers").to_pylist()
         summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats)
         summary["incomplete"] = failure
+        from sts_harness.rollout_report import rollout_shares
+
+        summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")
+                                            .to_pylist(), mode=opts.rollout,
+                                            canary_share=opts.canary_share)
         from sts_harness.demo_plots import plot_demo
 
         high, normal, low = opts.sla_ms
@@ -317,6 +334,8 @@ def run_demo(opts: DemoOptions) -> dict:
             answers, out / "plots", {"high": high, "normal": normal, "low": low})]
         summary["tables"] = {name: config.output.table(name)
                              for name in ("answers", "requests", "results")}
+        if opts.rollout == "shadow":
+            summary["tables"]["shadow_answers"] = config.output.table("shadow_answers")
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         return summary
     finally:
@@ -338,6 +357,10 @@ def print_summary(summary: dict) -> None:
                             if k != "n" and x is not None)
         print(f"{p:<7} LLM within SLA {v['llm_on_time']:>4}/{v['events']:<4} ({share:>4})  "
               f"latency {figures}")
+    if "rollout" in summary:
+        from sts_harness.rollout_report import format_rollout
+
+        print(format_rollout(summary["rollout"]))
     llm_rate = summary["llm_answers_per_s"] or 0.0
     print(f"llm answers/s        {llm_rate:.2f}")
     hit = summary["prefix_cache_hit_rate"]
