@@ -133,6 +133,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._sole_pool: Pool | None = None
+        """Set by :meth:`_next_request`: the pool of its pick when no other could start."""
         self._dispatcher: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self.draining = False
@@ -163,13 +165,14 @@ class Scheduler:
         now = now_ms()
         acks: list[Ack | None] = [None] * len(requests)
         to_encode: list[int] = []
-        model_names = frozenset({self.engine.model_name})
+        model_names = frozenset({self.engine.model_name})  # the one model served
         batch_ids: set[str] = set()
         repeats_in_batch: list[int] = []
         if self.engine_error is None and (why := self.engine.failure()) is not None:
             self.engine_failed(why)
+        self.counters.submitted += len(requests)
+        model_name = self.engine.model_name
         for i, req in enumerate(requests):
-            self.counters.submitted += 1
             req.received_ts = now
             if not req.request_id:
                 self.counters.refused(RefusalReason.MISSING_REQUEST_ID)
@@ -182,7 +185,7 @@ class Scheduler:
                 repeats_in_batch.append(i)
                 continue
             batch_ids.add(req.request_id)
-            req.model = req.model or self.engine.model_name
+            req.model = req.model or model_name
             if self.engine_error is not None:
                 acks[i] = self._refuse(req, Refusal(RefusalReason.ENGINE_UNAVAILABLE,
                                                     f"engine unavailable: {self.engine_error}"))
@@ -315,7 +318,9 @@ class Scheduler:
     # ------------------------------------------------------------------ dispatch
 
     def _next_request(self) -> SidecarRequest | None:
-        """Pick the next request to start, or ``None`` when no pool has work and room."""
+        """Pick the next request to start, or ``None`` when no pool has work and room.
+        :attr:`_sole_pool` is set to its pool when no other pool could start one."""
+        self._sole_pool = None
         candidates: list[Priority] = []
         heads: list[SidecarRequest] = []
         for priority, pool in self.pools.items():
@@ -334,8 +339,27 @@ class Scheduler:
                 self._owed[p] -= 1
                 return heads[i]
         if len(candidates) == 1:  # a pick among one leaves the picker's credits unchanged
+            self._sole_pool = self.pools[candidates[0]]
             return heads[0]
         return heads[candidates.index(self.picker.pick(candidates))]
+
+    def _start_run(self, pool: Pool) -> None:
+        """Start the following heads of ``pool`` while it was the only pool that could
+        start one (nothing in this loop makes another pool eligible: no request arrives,
+        and starts only take room), exactly as repeated :meth:`_next_request` calls
+        would, without looking at the other pools for each request."""
+        priority = pool.priority
+        while self._in_flight_total < self.config.max_in_flight:
+            req = pool.head()
+            if (req is None or not pool.has_room_for(req)
+                    or self._in_flight_total >= self.load.batch_limit(priority)):
+                return
+            pool.queue.popleft()
+            self._leave_queue(req)
+            if refusal := self.load.infeasible_now(req):
+                self._shed(req, refusal)
+                continue
+            self._start(req)
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -353,6 +377,8 @@ class Scheduler:
                     self._shed(req, refusal)
                     continue
                 self._start(req)
+                if self._sole_pool is pool:
+                    self._start_run(pool)
             self._preempt_for_waiting()
             self._update_idle()
 
@@ -379,7 +405,7 @@ class Scheduler:
             self._log_wait(req, estimate[0], now - estimate[1])
         # Unnamed: naming a task (an f-string and ``set_name``) costs as much as a
         # tenth of creating it.
-        self._tasks[req.request_id] = asyncio.create_task(self._serve(req))
+        self._tasks[req.request_id] = asyncio.get_running_loop().create_task(self._serve(req))
 
     def _batch_area(self) -> float:
         """Sequences in the engine integrated over time (sequence-seconds) up to now;
@@ -693,7 +719,7 @@ class Scheduler:
         self._update_idle()
 
     def _update_idle(self) -> None:
-        if not self.load.total_queued() and not self._in_flight_total:
+        if not self._in_flight_total and not self.load.total_queued():
             self._idle.set()
 
     # ------------------------------------------------------------------ lifecycle

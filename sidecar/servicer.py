@@ -21,22 +21,23 @@ _PRIORITY_BY_VALUE = {int(p): p for p in Priority}
 
 def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
     """Domain request from the wire message (an unknown priority becomes ``None``)."""
+    # Positional, in field order: one call per request, keywords cost more.
     return SidecarRequest(
-        request_id=msg.request_id,
-        trace_id=msg.trace_id,
-        priority=_PRIORITY_BY_VALUE.get(msg.priority),
-        enqueue_ts=msg.enqueue_ts,
-        deadline_ts=msg.deadline_ts,
-        model=msg.model,
-        prompt=msg.prompt,
-        max_tokens=msg.max_tokens,
-        temperature=msg.temperature,
-        cache_key=msg.cache_key,
-        callback_topic=msg.callback_topic,
-        seed=msg.seed if msg.HasField("seed") else None,
-        attributes=dict(msg.attributes) if msg.attributes else {},
-        submit_ts=msg.submit_ts,
-        received_ts=0,  # set by Scheduler.submit_batch, once per batch
+        msg.request_id,
+        msg.trace_id,
+        _PRIORITY_BY_VALUE.get(msg.priority),
+        msg.enqueue_ts,
+        msg.deadline_ts,
+        msg.model,
+        msg.prompt,
+        msg.max_tokens,
+        msg.temperature,
+        msg.cache_key,
+        msg.callback_topic,
+        msg.seed if msg.HasField("seed") else None,
+        dict(msg.attributes) if msg.attributes else {},
+        msg.submit_ts,
+        0,  # received_ts: set by Scheduler.submit_batch, once per batch
     )
 
 
