@@ -62,7 +62,11 @@ def submit_batch_response(acks: list[Ack], sidecar_id: str) -> pb.SubmitBatchRes
     response = pb.SubmitBatchResponse(sidecar_id=sidecar_id)
     add = response.acks.add  # built in place: no message copied per ack
     for ack in acks:
-        add(**_ack_fields(ack))
+        if (ack.accepted and not ack.duplicate and ack.reason is None and not ack.detail
+                and not ack.fallback_text):  # the common case, without a dict per ack
+            add(request_id=ack.request_id, accepted=True, received_ts=ack.received_ts)
+        else:
+            add(**_ack_fields(ack))
     return response
 
 
