@@ -33,6 +33,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.result_writer import ParquetResultWriter
 from sidecar.scheduler import Scheduler
+from sidecar.server import tune_gc
 from sidecar.servicer import InferenceServicer
 
 
@@ -65,6 +66,7 @@ async def _run(requests: int, batch: int, results_dir: str,
     wires = [make_batch("p", i, batch).SerializeToString()
              for i in range(0, requests, batch)]
     await asyncio.sleep(0.05)
+    tune_gc()  # as the server does once started
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profiler:
         profiler.enable()
