@@ -102,7 +102,8 @@ class SidecarRequest:
     @property
     def token_footprint(self) -> int:
         """Prompt plus ``max_tokens``: what the request may occupy in the KV cache."""
-        return self.prompt_tokens + max(self.max_tokens, 0)
+        max_tokens = self.max_tokens
+        return len(self.prompt_token_ids) + (max_tokens if max_tokens > 0 else 0)
 
 
 @dataclass(slots=True)

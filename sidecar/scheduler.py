@@ -387,31 +387,35 @@ class Scheduler:
         assert req.priority is not None
         pool = self.pools[req.priority]
         now = time.monotonic()
+        rid = req.request_id
         target = self.load.target_batch(req)
         batch = target or min(self._in_flight_total + 1, self.config.max_in_flight)
         service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                              batch=batch)
         pool.started(req, Running(req, now, now + service_s,
-                                  self._preemptions.get(req.request_id, 0), target))
+                                  self._preemptions.get(rid, 0) if self._preemptions else 0,
+                                  target))
         if target is not None:  # it needs a small batch: make room now
             excess = self._in_flight_total + 1 - target
             for victim in self.load.victims(req.priority)[:max(excess, 0)]:
                 self._preempt(victim)
-        self._batch_area()
+        self._batch_area(now)
         self._in_flight_total += 1
         self.estimator.observe_dispatch(req.priority)
         req.status = RequestStatus.RUNNING
-        if estimate := self._wait_estimates.pop(req.request_id, None):
+        if estimate := self._wait_estimates.pop(rid, None):
             self._log_wait(req, estimate[0], now - estimate[1])
         # Unnamed: naming a task (an f-string and ``set_name``) costs as much as a
         # tenth of creating it.
-        self._tasks[req.request_id] = asyncio.get_running_loop().create_task(self._serve(req))
+        self._tasks[rid] = asyncio.get_running_loop().create_task(self._serve(req))
 
-    def _batch_area(self) -> float:
-        """Sequences in the engine integrated over time (sequence-seconds) up to now;
-        the mean batch a request decoded in is the growth of this over its decode time.
-        Called whenever the number in flight changes."""
-        now = time.monotonic()
+    def _batch_area(self, now: float | None = None) -> float:
+        """Sequences in the engine integrated over time (sequence-seconds) up to now
+        (``time.monotonic()``, read here unless given); the mean batch a request decoded
+        in is the growth of this over its decode time. Called whenever the number in
+        flight changes."""
+        if now is None:
+            now = time.monotonic()
         self._area += self._in_flight_total * (now - self._area_at)
         self._area_at = now
         return self._area
@@ -503,21 +507,15 @@ class Scheduler:
         pool = self.pools[req.priority]
         if running := pool.running.get(rid):
             running.live = True
-        engine_req = EngineRequest(
-            request_id=req.request_id,
-            prompt_token_ids=req.prompt_token_ids,
-            max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            seed=req.seed,
-            priority=int(req.priority),
-        )
+        engine_req = EngineRequest(rid, req.prompt_token_ids, req.max_tokens, req.temperature,
+                                   req.seed, int(req.priority))
         remaining_s = (req.deadline_ts - now_ms()) / 1000.0
         deadline_timer = self._timers.call_later(
             remaining_s, self._deadline_passed_running
             if pool.config.on_deadline == "finish_and_backfill" else self._deadline_abort, req)
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
-        area_at_start = self._batch_area()
+        area_at_start = self._batch_area(started)
         first_token_at = last_token_at = None
         area_at_first = 0.0
         preempted = False
@@ -527,7 +525,7 @@ class Scheduler:
                     last_token_at = time.monotonic()
                     if first_token_at is None:
                         first_token_at = last_token_at
-                        area_at_first = self._batch_area()
+                        area_at_first = self._batch_area(last_token_at)
                         req.first_token_ts = now_ms()
                 req.text = progress.text
                 req.output_tokens = progress.output_tokens
