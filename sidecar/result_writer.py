@@ -80,11 +80,15 @@ class ParquetResultWriter:
             self._wake.set()
 
     async def flush(self) -> None:
-        """Write everything pending now."""
+        """Write everything pending now. Rows emitted while it writes wait for the next
+        flush: under steady load, writing until nothing is pending wrote file after
+        small file back to back, and a file costs far more than its rows."""
         async with self._write_lock:
-            while self._pending:
-                rows = self._pending[: self.config.max_rows_per_file]
+            todo = len(self._pending)
+            while todo > 0 and self._pending:
+                rows = self._pending[: min(todo, self.config.max_rows_per_file)]
                 del self._pending[: len(rows)]
+                todo -= len(rows)
                 await asyncio.to_thread(self._write_file, rows)
 
     async def close(self) -> None:
@@ -96,7 +100,8 @@ class ParquetResultWriter:
                 await task
             except asyncio.CancelledError:
                 pass
-        await self.flush()
+        while self._pending:
+            await self.flush()
 
     async def _flush_loop(self) -> None:
         while True:
