@@ -187,6 +187,24 @@ class _Histogram(Collector):
         yield family
 
 
+class _CountsCollector(Collector):
+    """A counter family whose values live in a dict of one-element lists (label values ->
+    ``[count]``), bumped in place on the event loop and read at scrape time."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str],
+                 counts: dict[tuple[str, ...], list[int]]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labelvalues, cell in list(self.counts.items()):
+            family.add_metric(list(labelvalues), float(cell[0]))
+        yield family
+
+
 class _RefusedCallsCollector(Collector):
     """Calls refused by the interceptors, by reason (plain ints read at scrape time)."""
 
@@ -218,9 +236,12 @@ class SidecarMetrics:
 
     def __init__(self, scheduler, loop: asyncio.AbstractEventLoop | None = None) -> None:  # type: ignore[no-untyped-def]
         self.registry = CollectorRegistry()
-        self.results = Counter(
+        self._results: dict[tuple[str, str, str], list[int]] = {}
+        """Terminal results per (priority, status, reason): a one-element list each, bumped
+        in place (a ``prometheus_client`` counter child takes a lock per increment)."""
+        self.registry.register(_CountsCollector(
             f"{_PREFIX}_results", "Terminal results by priority, status and refusal reason.",
-            ["priority", "status", "reason"], registry=self.registry)
+            ["priority", "status", "reason"], self._results))
         self.late_results = Counter(
             f"{_PREFIX}_late_results", "Late ok results by priority (finish_and_backfill; "
             "the request's terminal result was timeout).", ["priority"],
@@ -247,7 +268,7 @@ class SidecarMetrics:
             registry=self.registry)
         self.engine_up.set_function(lambda: 0.0 if scheduler.engine_error else 1.0)
         self.registry.register(_LiveCollector(scheduler, loop))
-        self._children: dict[tuple[str, str, str], tuple[Counter, _Series]] = {}
+        self._children: dict[tuple[str, str, str], tuple[list[int], _Series]] = {}
         """Labelled results counter and latency series per (priority, status, reason):
         ``labels()`` costs more than the observation itself."""
         self._ttft_series: dict[str, _Series] = {}
@@ -262,9 +283,9 @@ class SidecarMetrics:
             return
         key = (priority, record.status, record.reason or "none")
         if (children := self._children.get(key)) is None:
-            children = self._children[key] = (self.results.labels(*key),
-                                              self.e2e.series(priority, record.status))
-        children[0].inc()
+            count = self._results.setdefault(key, [0])
+            children = self._children[key] = (count, self.e2e.series(priority, record.status))
+        children[0][0] += 1
         bisect_left = bisect.bisect_left
         e2e = children[1]
         latency = (record.finish_ts - record.received_ts) / 1000.0

@@ -285,7 +285,7 @@ class Scheduler:
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts),
+        ack = self._seen.remember(Ack(req.request_id, True, None, "", False, req.received_ts),
                                   req.priority)
         self._wait_estimates[req.request_id] = (self.load.last_wait_s, time.monotonic())
         self._shed_over_watermarks()
