@@ -204,6 +204,28 @@ def test_metrics_count_every_result_with_priority_status_and_reason() -> None:
     assert 'sts_sidecar_queue_depth{priority="low"} 0.0' in text
 
 
+def test_result_histograms_expose_what_prometheus_client_would() -> None:
+    """The sidecar's own lock-free histograms print the same buckets, counts and sums as
+    ``prometheus_client.Histogram`` would (without its ``_created`` gauge)."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from sidecar.metrics import _LATENCY_BUCKETS, _Histogram
+
+    values = [0.0, 0.05, 0.07, 1.0, 2.5, 29.9, 30.0, 500.0]
+    reference = CollectorRegistry()
+    histogram = Histogram("h_seconds", "Doc.", ["priority", "status"],
+                          buckets=_LATENCY_BUCKETS, registry=reference)
+    ours = _Histogram("h_seconds", "Doc.", ["priority", "status"], _LATENCY_BUCKETS)
+    registry = CollectorRegistry()
+    registry.register(ours)
+    for v in values:
+        histogram.labels("low", "ok").observe(v)
+        ours.observe(ours.series("low", "ok"), v)
+    expected = [line for line in generate_latest(reference).decode().splitlines()
+                if "_created" not in line]
+    assert generate_latest(registry).decode().splitlines() == expected
+
+
 def test_pool_config_is_validated() -> None:
     with pytest.raises(ValueError, match="unknown pools"):
         SchedulerConfig(pools={"urgent": {}})
