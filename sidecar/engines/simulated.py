@@ -244,6 +244,10 @@ class SimulatedEngine(Engine):
 
     async def _step_loop(self) -> None:
         cfg = self.config
+        # The answer text per output length, formatted once (the engine stands in for a
+        # GPU, whose work is not the sidecar's CPU).
+        texts: dict[int, str] = {}
+        template = cfg.text
         while True:
             if not self._running and not self._waiting:
                 self._wake.clear()
@@ -259,17 +263,20 @@ class SimulatedEngine(Engine):
                 prefill_tokens += len(seq.request.prompt_token_ids)
             batch = len(self._running)
             await asyncio.sleep(cfg.step_seconds(batch) + prefill_tokens / cfg.prefill_tokens_per_s)
+            if cfg.text is not template:
+                texts.clear()
+                template = cfg.text
             for rid, seq in list(self._running.items()):
                 seq.generated += 1
                 done = seq.generated >= seq.request.max_tokens
                 if seq.generated == 1 or done:
-                    seq.put(EngineProgress(
-                        text=cfg.text.format(tokens=seq.generated) if done else "",
-                        output_tokens=seq.generated,
-                        cached_tokens=0,
-                        finished=done,
-                        finish_reason=FinishReason.LENGTH if done else None,
-                    ))
+                    text = ""
+                    if done and (text := texts.get(seq.generated)) is None:
+                        if len(texts) > 4096:
+                            texts.clear()
+                        text = texts[seq.generated] = cfg.text.format(tokens=seq.generated)
+                    seq.put(EngineProgress(text, seq.generated, 0, done,
+                                           FinishReason.LENGTH if done else None))
                 if done:
                     del self._running[rid]
                     self._kv_used -= seq.footprint
