@@ -348,11 +348,12 @@ class Scheduler:
         start one (nothing in this loop makes another pool eligible: no request arrives,
         and starts only take room), exactly as repeated :meth:`_next_request` calls
         would, without looking at the other pools for each request."""
-        priority = pool.priority
-        while self._in_flight_total < self.config.max_in_flight:
+        # At most max_in_flight; lower while a higher pool's running request holds work
+        # back, which no start of this pool changes.
+        limit = self.load.batch_limit(pool.priority)
+        while self._in_flight_total < limit:
             req = pool.head()
-            if (req is None or not pool.has_room_for(req)
-                    or self._in_flight_total >= self.load.batch_limit(priority)):
+            if req is None or not pool.has_room_for(req):
                 return
             pool.queue.popleft()
             self._leave_queue(req)
