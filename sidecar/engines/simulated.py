@@ -90,8 +90,9 @@ class SimulatedEngineConfig:
 
 
 class _SimSeq:
-    """One sequence and its output channel (a list plus a future the consumer awaits
-    when the list is empty: cheaper than an ``asyncio.Queue`` per request)."""
+    """One sequence and its output channel (a deque plus a future the consumer,
+    :class:`_SimStream`, awaits when it is empty: cheaper than an ``asyncio.Queue`` per
+    request)."""
 
     __slots__ = ("request", "out", "waiter", "generated", "footprint", "error")
 
@@ -114,17 +115,6 @@ class _SimSeq:
         if (waiter := self.waiter) is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def get(self) -> EngineProgress:
-        while not self.out:
-            if self.error is not None:
-                raise self.error
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        return self.out.popleft()
-
 
 class _SimStream:
     """The consumer's side of one sequence. A plain async iterator, not an async
@@ -144,12 +134,22 @@ class _SimStream:
     async def __anext__(self) -> EngineProgress:
         if self._done:
             raise StopAsyncIteration
+        seq = self._seq
+        out = seq.out
         try:
-            item = await self._seq.get()
+            while not out:  # no item yet: wait for one (or for the error)
+                if seq.error is not None:
+                    raise seq.error
+                seq.waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await seq.waiter
+                finally:
+                    seq.waiter = None
         except BaseException:
             self._done = True
-            self._engine._drop(self._seq)
+            self._engine._drop(seq)
             raise
+        item = out.popleft()
         if item.finished:
             self._done = True
         return item
