@@ -88,7 +88,8 @@ async def _run(requests: int, batch: int, results_dir: str,
     if profiler:
         profiler.disable()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    print(f"  submit {submit_cpu / requests * 1e6:.1f} us (--split), final flush {flush_cpu / requests * 1e6:.1f} us, "
+    print(f"  submit {submit_cpu / requests * 1e6:.1f} us (--split), "
+          f"final flush {flush_cpu / requests * 1e6:.1f} us, "
           f"writer files {writer.files_written}", flush=True)
     await scheduler.drain(1.0)
     await writer.close()

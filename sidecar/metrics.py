@@ -153,8 +153,11 @@ class _Histogram(Collector):
         >>> series = h.series("high")
         >>> for v in (0.05, 0.5, 3.0):
         ...     h.observe(series, v)
-        >>> [(s.name, s.labels.get("le"), s.value) for s in next(h.collect()).samples][:4]
-        [('demo_seconds_bucket', '0.1', 1.0), ('demo_seconds_bucket', '1.0', 2.0), ('demo_seconds_bucket', '+Inf', 3.0), ('demo_seconds_count', None, 3.0)]
+        >>> samples = next(h.collect()).samples
+        >>> [(s.labels.get("le"), s.value) for s in samples if s.name.endswith("_bucket")]
+        [('0.1', 1.0), ('1.0', 2.0), ('+Inf', 3.0)]
+        >>> [(s.name, s.value) for s in samples if not s.name.endswith("_bucket")]
+        [('demo_seconds_count', 3.0), ('demo_seconds_sum', 3.55)]
     """
 
     def __init__(self, name: str, documentation: str, labelnames: list[str],
