@@ -146,6 +146,7 @@ def throughput(sidecar: SidecarProcess, stubs: list[pb_grpc.InferenceStub], batc
     cpu1, sidecar_cpu1 = time.process_time(), _sidecar_cpu_s(sidecar)
     backlog_end, results_end = _backlog(sidecar.client)
     drain_s = _wait_idle(sidecar.client)
+    sidecar_cpu_idle = _sidecar_cpu_s(sidecar)  # the backlog's work included
 
     rpc_ms = [s * 1000.0 for r in loops for s in r.rpc_s]
     accepted = sum(r.accepted for r in loops)
@@ -156,6 +157,10 @@ def throughput(sidecar: SidecarProcess, stubs: list[pb_grpc.InferenceStub], batc
     p50, p99 = percentile(rpc_ms, 50), percentile(rpc_ms, 99)
     sidecar_util = (None if sidecar_cpu0 is None or sidecar_cpu1 is None
                     else round((sidecar_cpu1 - sidecar_cpu0) / wall, 3))
+    # CPU per request from the window's start until the sidecar is idle again: robust
+    # to a busy machine, unlike wall-clock rates (clock ticks: 10 ms resolution).
+    sidecar_us = (None if sidecar_cpu0 is None or sidecar_cpu_idle is None or not accepted
+                  else round((sidecar_cpu_idle - sidecar_cpu0) / accepted * 1e6, 1))
     return {
         "batch_size": batch_size,
         "wall_s": round(wall, 3),
@@ -171,6 +176,7 @@ def throughput(sidecar: SidecarProcess, stubs: list[pb_grpc.InferenceStub], batc
         "backlog_at_end": backlog_end,
         "drain_s": round(drain_s, 3),
         "sidecar_cpu_util": sidecar_util,
+        "sidecar_cpu_us_per_request": sidecar_us,
         "client_cpu_util": round((cpu1 - cpu0) / wall / client_cores, 3),
     }
 

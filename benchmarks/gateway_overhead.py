@@ -15,7 +15,9 @@ Two measurements (:mod:`benchmarks.gateway_load`; the sidecar under test is set 
   back for ``duration_s`` (closed loop). Reported: requests accepted per second,
   RPCs per second, the ack round trip per RPC and per request (p50/p99), the
   results the sidecar finished per second in the same window, the backlog left
-  at its end, and the CPU share the sidecar and the client used.
+  at its end, the CPU share the sidecar and the client used, and the sidecar's
+  CPU microseconds per request (window start until it is idle again; robust to a
+  busy machine).
 * **Added latency** at low load: single-request submits spaced a few
   milliseconds apart. From the result rows: ``received_ts - send time`` (wire
   and gRPC), ``finish_ts - received_ts`` (admission, queue, dispatch, the
@@ -155,9 +157,10 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
                                              f"{row['refused']}; the engine is not absorbing")
                     result["throughput"].append(row)
                     _log("  %.0f req/s, %.0f rpc/s, ack p50 %.3f ms, completed %.0f/s, "
-                         "sidecar cpu %s", row["submissions_per_s"], row["rpcs_per_s"],
-                         row["ack_ms_per_rpc"]["p50"], row["completed_per_s"],
-                         row["sidecar_cpu_util"])
+                         "sidecar cpu %s, %s us cpu/request", row["submissions_per_s"],
+                         row["rpcs_per_s"], row["ack_ms_per_rpc"]["p50"],
+                         row["completed_per_s"], row["sidecar_cpu_util"],
+                         row["sidecar_cpu_us_per_request"])
             except grpc.RpcError as e:
                 raise BenchmarkError(f"RPC to the sidecar failed: {e.code()} {e.details()}. "
                                      f"Sidecar log:\n{sidecar.tail_log()}") from e
@@ -176,14 +179,16 @@ def format_table(result: dict) -> str:
     """The throughput rows and the added-latency figures as a small text table."""
     lines = [f"{'batch':>5} {'req/s':>9} {'rpc/s':>8} {'ack p50 ms':>10} {'ack p99 ms':>10} "
              f"{'us/req p50':>10} {'us/req p99':>10} {'done/s':>9} {'backlog':>7} "
-             f"{'sidecar cpu':>11} {'client cpu':>10}"]
+             f"{'sidecar cpu':>11} {'cpu us/req':>10} {'client cpu':>10}"]
     for r in result["throughput"]:
         cpu = "-" if r["sidecar_cpu_util"] is None else f"{r['sidecar_cpu_util']:.0%}"
+        us = r.get("sidecar_cpu_us_per_request")
+        us_text = "-" if us is None else f"{us:.1f}"
         lines.append(
             f"{r['batch_size']:>5} {r['submissions_per_s']:>9.0f} {r['rpcs_per_s']:>8.0f} "
             f"{r['ack_ms_per_rpc']['p50']:>10.3f} {r['ack_ms_per_rpc']['p99']:>10.3f} "
             f"{r['ack_us_per_request']['p50']:>10.1f} {r['ack_us_per_request']['p99']:>10.1f} "
-            f"{r['completed_per_s']:>9.0f} {r['backlog_at_end']:>7} {cpu:>11} "
+            f"{r['completed_per_s']:>9.0f} {r['backlog_at_end']:>7} {cpu:>11} {us_text:>10} "
             f"{r['client_cpu_util']:>10.0%}")
     lat = result["added_latency"]
     lines.append(f"\nadded latency, {lat['samples']} single requests "

@@ -62,7 +62,7 @@ def check_static(req: SidecarRequest, cfg: SchedulerConfig, *, model_names: froz
     if req.deadline_ts <= now_ms:
         return Refusal(RefusalReason.DEADLINE_PASSED,
                        f"deadline_ts={req.deadline_ts} is {now_ms - req.deadline_ts} ms in the past")
-    if problem := attributes_problem(req.attributes):
+    if req.attributes and (problem := attributes_problem(req.attributes)):
         return Refusal(RefusalReason.ATTRIBUTES_TOO_LARGE, problem)
     return None
 

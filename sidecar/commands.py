@@ -148,7 +148,7 @@ def _run_sidecar(args: argparse.Namespace) -> int:
     if args.engine_arg:
         config.engine.engine_args.update(_parse_pairs(args.engine_arg, "--engine-arg"))
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, gc_tuning=True))  # this process is the sidecar's own
     except KeyboardInterrupt:  # a second Ctrl-C while draining
         return 130
     return 0

@@ -36,6 +36,9 @@ class ExceptionInterceptor(grpc.aio.ServerInterceptor):
         self.max_inflight_bytes = max_inflight_bytes
         self.inflight_bytes = 0
         self.refused_for_bytes = 0
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        """Per method: the handler found and its guarded form, built once (this runs for
+        every call, and a closure plus a handler per call is a fixed cost of each RPC)."""
 
     async def intercept_service(
         self,
@@ -45,10 +48,18 @@ class ExceptionInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
+        method = handler_call_details.method
+        if (cached := self._wrapped.get(method)) is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._guard(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """``handler`` with the byte cap, the parse and the exception mapping around it."""
         inner = handler.unary_unary
         deserialize = handler.request_deserializer
         serialize = handler.response_serializer
-        method = handler_call_details.method
 
         async def guarded(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             size = len(raw)

@@ -21,11 +21,18 @@ Names follow Prometheus conventions: ``sts_sidecar_`` prefix, base units
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from sidecar.contract import PRIORITY_NAMES, RefusalReason, Status
 from sidecar.request_state import ResultRecord
@@ -124,6 +131,84 @@ class _LiveCollector(Collector):
         yield err
 
 
+class _Series:
+    """One label set of a :class:`_Histogram`: per-bucket counts (the last one is
+    ``+Inf``) and the sum. Written on the event loop only."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, buckets: int) -> None:
+        self.counts = [0] * (buckets + 1)
+        self.total = 0.0
+
+
+class _Histogram(Collector):
+    """A histogram observed once per result, cheaply: a bisect and two additions per
+    value, no lock and no ``labels()`` lookup (``prometheus_client``'s ``Histogram``
+    takes a lock per bucket and per sum, several times the cost). Exposed at scrape
+    time with the same names, labels and buckets; a scrape from the HTTP thread may see
+    a count one observation ahead of its sum, as a scrape a moment later would.
+
+    Example:
+        >>> h = _Histogram("demo_seconds", "Demo.", ["priority"], (0.1, 1.0))
+        >>> series = h.series("high")
+        >>> for v in (0.05, 0.5, 3.0):
+        ...     h.observe(series, v)
+        >>> samples = next(h.collect()).samples
+        >>> [(s.labels.get("le"), s.value) for s in samples if s.name.endswith("_bucket")]
+        [('0.1', 1.0), ('1.0', 2.0), ('+Inf', 3.0)]
+        >>> [(s.name, s.value) for s in samples if not s.name.endswith("_bucket")]
+        [('demo_seconds_count', 3.0), ('demo_seconds_sum', 3.55)]
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str],
+                 buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = list(labelnames)
+        self.bounds = tuple(sorted(buckets))
+        self._les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        self._series: dict[tuple[str, ...], _Series] = {}
+
+    def series(self, *labelvalues: str) -> _Series:
+        """The series of one label set (created at its first use)."""
+        if (s := self._series.get(labelvalues)) is None:
+            s = self._series[labelvalues] = _Series(len(self.bounds))
+        return s
+
+    def observe(self, series: _Series, value: float) -> None:
+        series.counts[bisect.bisect_left(self.bounds, value)] += 1
+        series.total += value
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labelvalues, s in list(self._series.items()):
+            cumulative, buckets = 0, []
+            for le, n in zip(self._les, list(s.counts)):
+                cumulative += n
+                buckets.append((le, float(cumulative)))
+            family.add_metric(list(labelvalues), buckets, s.total)
+        yield family
+
+
+class _CountsCollector(Collector):
+    """A counter family whose values live in a dict of one-element lists (label values ->
+    ``[count]``), bumped in place on the event loop and read at scrape time."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str],
+                 counts: dict[tuple[str, ...], list[int]]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labelvalues, cell in list(self.counts.items()):
+            family.add_metric(list(labelvalues), float(cell[0]))
+        yield family
+
+
 class _RefusedCallsCollector(Collector):
     """Calls refused by the interceptors, by reason (plain ints read at scrape time)."""
 
@@ -155,25 +240,29 @@ class SidecarMetrics:
 
     def __init__(self, scheduler, loop: asyncio.AbstractEventLoop | None = None) -> None:  # type: ignore[no-untyped-def]
         self.registry = CollectorRegistry()
-        self.results = Counter(
+        self._results: dict[tuple[str, str, str], list[int]] = {}
+        """Terminal results per (priority, status, reason): a one-element list each, bumped
+        in place (a ``prometheus_client`` counter child takes a lock per increment)."""
+        self.registry.register(_CountsCollector(
             f"{_PREFIX}_results", "Terminal results by priority, status and refusal reason.",
-            ["priority", "status", "reason"], registry=self.registry)
+            ["priority", "status", "reason"], self._results))
         self.late_results = Counter(
             f"{_PREFIX}_late_results", "Late ok results by priority (finish_and_backfill; "
             "the request's terminal result was timeout).", ["priority"],
             registry=self.registry)
-        self.ttft = Histogram(
+        self.ttft = _Histogram(
             f"{_PREFIX}_time_to_first_token_seconds",
             "Receive to first generated token (includes queue wait).", ["priority"],
-            buckets=_TTFT_BUCKETS, registry=self.registry)
-        self.tpot = Histogram(
+            _TTFT_BUCKETS)
+        self.tpot = _Histogram(
             f"{_PREFIX}_time_per_output_token_seconds",
-            "Decode time per output token after the first.", ["priority"],
-            buckets=_TPOT_BUCKETS, registry=self.registry)
-        self.e2e = Histogram(
+            "Decode time per output token after the first.", ["priority"], _TPOT_BUCKETS)
+        self.e2e = _Histogram(
             f"{_PREFIX}_request_latency_seconds",
             "Receive to terminal result, every status.", ["priority", "status"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry)
+            _LATENCY_BUCKETS)
+        for histogram in (self.ttft, self.tpot, self.e2e):
+            self.registry.register(histogram)
         self.warmup_seconds = Gauge(
             f"{_PREFIX}_warmup_seconds",
             "Duration of the warm-up generations run before SERVING (0: no warm-up).",
@@ -183,17 +272,17 @@ class SidecarMetrics:
             registry=self.registry)
         self.engine_up.set_function(lambda: 0.0 if scheduler.engine_error else 1.0)
         self.registry.register(_LiveCollector(scheduler, loop))
-        self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
-        """Labelled results counter and latency histogram per (priority, status, reason):
+        self._children: dict[tuple[str, str, str], tuple[list[int], _Series]] = {}
+        """Labelled results counter and latency series per (priority, status, reason):
         ``labels()`` costs more than the observation itself."""
-        self._ttft_children: dict[str, Histogram] = {}
-        self._tpot_children: dict[str, Histogram] = {}
+        self._ttft_series: dict[str, _Series] = {}
+        self._tpot_series: dict[str, _Series] = {}
         # The results an alert watches start at 0, so their first one is an increase.
         for priority in PRIORITY_NAMES:
-            self.results.labels(priority, str(Status.TIMEOUT), "none")
+            self._results.setdefault((priority, str(Status.TIMEOUT), "none"), [0])
             for reason in RefusalReason:
                 if reason.status is Status.SHED:
-                    self.results.labels(priority, str(Status.SHED), str(reason))
+                    self._results.setdefault((priority, str(Status.SHED), str(reason)), [0])
 
     def observe(self, record: ResultRecord) -> None:
         """Count one result (call it for every result emitted); a late row counts
@@ -204,18 +293,28 @@ class SidecarMetrics:
             return
         key = (priority, record.status, record.reason or "none")
         if (children := self._children.get(key)) is None:
-            children = self._children[key] = (self.results.labels(*key),
-                                              self.e2e.labels(priority, record.status))
-        children[0].inc()
-        children[1].observe(max(0.0, (record.finish_ts - record.received_ts) / 1000.0))
+            count = self._results.setdefault(key, [0])
+            children = self._children[key] = (count, self.e2e.series(priority, record.status))
+        children[0][0] += 1
+        bisect_left = bisect.bisect_left
+        e2e = children[1]
+        latency = (record.finish_ts - record.received_ts) / 1000.0
+        if latency < 0.0:
+            latency = 0.0
+        e2e.counts[bisect_left(self.e2e.bounds, latency)] += 1
+        e2e.total += latency
         if record.ttft_ms is not None:
-            if (ttft := self._ttft_children.get(priority)) is None:
-                ttft = self._ttft_children[priority] = self.ttft.labels(priority)
-            ttft.observe(record.ttft_ms / 1000.0)
+            if (ttft := self._ttft_series.get(priority)) is None:
+                ttft = self._ttft_series[priority] = self.ttft.series(priority)
+            value = record.ttft_ms / 1000.0
+            ttft.counts[bisect_left(self.ttft.bounds, value)] += 1
+            ttft.total += value
         if record.tpot_ms is not None:
-            if (tpot := self._tpot_children.get(priority)) is None:
-                tpot = self._tpot_children[priority] = self.tpot.labels(priority)
-            tpot.observe(record.tpot_ms / 1000.0)
+            if (tpot := self._tpot_series.get(priority)) is None:
+                tpot = self._tpot_series[priority] = self.tpot.series(priority)
+            value = record.tpot_ms / 1000.0
+            tpot.counts[bisect_left(self.tpot.bounds, value)] += 1
+            tpot.total += value
 
     def count_refused_calls(self, counts: Callable[[], dict[str, int]]) -> None:
         """Export ``sts_sidecar_rpc_refused_total{reason}``: whole calls refused before

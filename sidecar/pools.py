@@ -19,7 +19,7 @@ from sidecar.contract import Priority
 from sidecar.request_state import RequestStatus, SidecarRequest
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     """A request inside the engine, as the scheduler sees it."""
 

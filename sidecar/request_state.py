@@ -102,7 +102,8 @@ class SidecarRequest:
     @property
     def token_footprint(self) -> int:
         """Prompt plus ``max_tokens``: what the request may occupy in the KV cache."""
-        return self.prompt_tokens + max(self.max_tokens, 0)
+        max_tokens = self.max_tokens
+        return len(self.prompt_token_ids) + (max_tokens if max_tokens > 0 else 0)
 
 
 @dataclass(slots=True)
@@ -144,9 +145,10 @@ class ResultRecord:
     @classmethod
     def from_request(cls, req: SidecarRequest, sidecar_id: str) -> "ResultRecord":
         """Build the terminal row of a finished request, deriving TTFT and TPOT."""
-        if not req.status.is_finished():
+        status = _FINISHED_STATUS_MAP.get(req.status)
+        if status is None:
             raise ValueError(f"request {req.request_id!r} is not finished ({req.status.name})")
-        return cls._build(req, sidecar_id, req.status.external, late=False)
+        return cls._build(req, sidecar_id, status, late=False)
 
     @classmethod
     def late_from_request(cls, req: SidecarRequest, sidecar_id: str) -> "ResultRecord":
@@ -160,39 +162,51 @@ class ResultRecord:
     @classmethod
     def _build(cls, req: SidecarRequest, sidecar_id: str, status: Status, *,
                late: bool) -> "ResultRecord":
+        # Hot: one call per request. Enum names come from precomputed dicts (an enum's
+        # ``.value``/``str()`` is a property lookup), and the fields go in positionally.
         finish_ts = req.finish_ts if req.finish_ts is not None else now_ms()
         ok = status is Status.OK
         ttft = tpot = None
-        if req.first_token_ts is not None:
-            ttft = float(req.first_token_ts - req.received_ts)
-            if req.output_tokens > 1:
-                tpot = (finish_ts - req.first_token_ts) / (req.output_tokens - 1)
+        first = req.first_token_ts
+        output_tokens = req.output_tokens
+        if first is not None:
+            ttft = float(first - req.received_ts)
+            if output_tokens > 1:
+                tpot = (finish_ts - first) / (output_tokens - 1)
+        reason = req.reason
+        finish_reason = req.finish_reason
         return cls(
-            request_id=req.request_id,
-            trace_id=req.trace_id,
-            status=status.value,
-            text=req.text if ok else "",
-            finish_reason=req.finish_reason.value if req.finish_reason else "",
-            prompt_tokens=req.prompt_tokens,
-            output_tokens=req.output_tokens,
-            cached_tokens=req.cached_tokens,
-            enqueue_ts=req.enqueue_ts,
-            received_ts=req.received_ts,
-            first_token_ts=req.first_token_ts,
-            finish_ts=finish_ts,
-            ttft_ms=ttft,
-            tpot_ms=tpot,
-            error=None if late else req.error,
-            sidecar_id=sidecar_id,
-            model=req.model,
-            priority=str(req.priority) if isinstance(req.priority, Priority) else "",
-            deadline_ts=req.deadline_ts,
-            callback_topic=req.callback_topic,
-            reason=str(req.reason) if req.reason is not None and not late else "",
-            fallback_text="" if ok else req.fallback_text,
+            req.request_id,
+            req.trace_id,
+            _STATUS_TEXT[status],
+            req.text if ok else "",
+            _FINISH_TEXT[finish_reason] if finish_reason else "",
+            len(req.prompt_token_ids),
+            output_tokens,
+            req.cached_tokens,
+            req.enqueue_ts,
+            req.received_ts,
+            first,
+            finish_ts,
+            ttft,
+            tpot,
+            None if late else req.error,
+            sidecar_id,
+            req.model,
+            _PRIORITY_TEXT.get(req.priority, ""),
+            req.deadline_ts,
+            req.callback_topic,
+            _REASON_TEXT[reason] if reason is not None and not late else "",
+            "" if ok else req.fallback_text,
             # Oversized attributes are the reason of the refusal; they are not echoed.
-            attributes=({} if req.reason is RefusalReason.ATTRIBUTES_TOO_LARGE
-                        else dict(req.attributes)),
-            submit_ts=req.submit_ts,
-            late=late,
+            # Not copied: a request's attributes are never changed after it arrives.
+            {} if reason is RefusalReason.ATTRIBUTES_TOO_LARGE else req.attributes,
+            req.submit_ts,
+            late,
         )
+
+
+_STATUS_TEXT: dict[Status, str] = {s: s.value for s in Status}
+_FINISH_TEXT: dict[FinishReason, str] = {f: f.value for f in FinishReason}
+_PRIORITY_TEXT: dict[Priority | None, str] = {p: str(p) for p in Priority}
+_REASON_TEXT: dict[RefusalReason, str] = {r: str(r) for r in RefusalReason}

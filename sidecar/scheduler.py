@@ -137,6 +137,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._sole_pool: Pool | None = None
+        """Set by :meth:`_next_request`: the pool of its pick when no other could start."""
         self._dispatcher: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self.draining = False
@@ -169,13 +171,14 @@ class Scheduler:
         now = now_ms()
         acks: list[Ack | None] = [None] * len(requests)
         to_encode: list[int] = []
-        model_names = frozenset({self.engine.model_name})
+        model_names = frozenset({self.engine.model_name})  # the one model served
         batch_ids: set[str] = set()
         repeats_in_batch: list[int] = []
         if self.engine_error is None and (why := self.engine.failure()) is not None:
             self.engine_failed(why)
+        self.counters.submitted += len(requests)
+        model_name = self.engine.model_name
         for i, req in enumerate(requests):
-            self.counters.submitted += 1
             req.received_ts = now
             if not req.request_id:
                 self.counters.refused(RefusalReason.MISSING_REQUEST_ID)
@@ -188,7 +191,7 @@ class Scheduler:
                 repeats_in_batch.append(i)
                 continue
             batch_ids.add(req.request_id)
-            req.model = req.model or self.engine.model_name
+            req.model = req.model or model_name
             if self.engine_error is not None:
                 acks[i] = self._refuse(req, Refusal(RefusalReason.ENGINE_UNAVAILABLE,
                                                     f"engine unavailable: {self.engine_error}"))
@@ -288,7 +291,7 @@ class Scheduler:
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        ack = self._seen.remember(Ack(req.request_id, True, received_ts=req.received_ts),
+        ack = self._seen.remember(Ack(req.request_id, True, None, "", False, req.received_ts),
                                   req.priority)
         self._wait_estimates[req.request_id] = (self.load.last_wait_s, time.monotonic())
         self._shed_over_watermarks()
@@ -321,7 +324,9 @@ class Scheduler:
     # ------------------------------------------------------------------ dispatch
 
     def _next_request(self) -> SidecarRequest | None:
-        """Pick the next request to start, or ``None`` when no pool has work and room."""
+        """Pick the next request to start, or ``None`` when no pool has work and room.
+        :attr:`_sole_pool` is set to its pool when no other pool could start one."""
+        self._sole_pool = None
         candidates: list[Priority] = []
         heads: list[SidecarRequest] = []
         for priority, pool in self.pools.items():
@@ -340,8 +345,28 @@ class Scheduler:
                 self._owed[p] -= 1
                 return heads[i]
         if len(candidates) == 1:  # a pick among one leaves the picker's credits unchanged
+            self._sole_pool = self.pools[candidates[0]]
             return heads[0]
         return heads[candidates.index(self.picker.pick(candidates))]
+
+    def _start_run(self, pool: Pool) -> None:
+        """Start the following heads of ``pool`` while it was the only pool that could
+        start one (nothing in this loop makes another pool eligible: no request arrives,
+        and starts only take room), exactly as repeated :meth:`_next_request` calls
+        would, without looking at the other pools for each request."""
+        # At most max_in_flight; lower while a higher pool's running request holds work
+        # back, which no start of this pool changes.
+        limit = self.load.batch_limit(pool.priority)
+        while self._in_flight_total < limit:
+            req = pool.head()
+            if req is None or not pool.has_room_for(req):
+                return
+            pool.queue.popleft()
+            self._leave_queue(req)
+            if refusal := self.load.infeasible_now(req):
+                self._shed(req, refusal)
+                continue
+            self._start(req)
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -359,6 +384,8 @@ class Scheduler:
                     self._shed(req, refusal)
                     continue
                 self._start(req)
+                if self._sole_pool is pool:
+                    self._start_run(pool)
             self._preempt_for_waiting()
             self._update_idle()
 
@@ -367,32 +394,37 @@ class Scheduler:
         assert req.priority is not None
         pool = self.pools[req.priority]
         now = time.monotonic()
+        rid = req.request_id
         target = self.load.target_batch(req)
         batch = target or min(self._in_flight_total + 1, self.config.max_in_flight)
         service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                              batch=batch)
         pool.started(req, Running(req, now, now + service_s,
-                                  self._preemptions.get(req.request_id, 0), target))
+                                  self._preemptions.get(rid, 0) if self._preemptions else 0,
+                                  target))
         if target is not None:  # it needs a small batch: make room now
             excess = self._in_flight_total + 1 - target
             for victim in self.load.victims(req.priority)[:max(excess, 0)]:
                 self._preempt(victim)
-        self._batch_area()
+        self._batch_area(now)
         self._in_flight_total += 1
         if self.tracer is not None:
             self.tracer.dispatched(req)
         self.estimator.observe_dispatch(req.priority)
         req.status = RequestStatus.RUNNING
-        if estimate := self._wait_estimates.pop(req.request_id, None):
+        if estimate := self._wait_estimates.pop(rid, None):
             self._log_wait(req, estimate[0], now - estimate[1])
-        self._tasks[req.request_id] = asyncio.create_task(
-            self._serve(req), name=f"serve-{req.request_id}")
+        # Unnamed: naming a task (an f-string and ``set_name``) costs as much as a
+        # tenth of creating it.
+        self._tasks[rid] = asyncio.get_running_loop().create_task(self._serve(req))
 
-    def _batch_area(self) -> float:
-        """Sequences in the engine integrated over time (sequence-seconds) up to now;
-        the mean batch a request decoded in is the growth of this over its decode time.
-        Called whenever the number in flight changes."""
-        now = time.monotonic()
+    def _batch_area(self, now: float | None = None) -> float:
+        """Sequences in the engine integrated over time (sequence-seconds) up to now
+        (``time.monotonic()``, read here unless given); the mean batch a request decoded
+        in is the growth of this over its decode time. Called whenever the number in
+        flight changes."""
+        if now is None:
+            now = time.monotonic()
         self._area += self._in_flight_total * (now - self._area_at)
         self._area_at = now
         return self._area
@@ -484,21 +516,15 @@ class Scheduler:
         pool = self.pools[req.priority]
         if running := pool.running.get(rid):
             running.live = True
-        engine_req = EngineRequest(
-            request_id=req.request_id,
-            prompt_token_ids=req.prompt_token_ids,
-            max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            seed=req.seed,
-            priority=int(req.priority),
-        )
+        engine_req = EngineRequest(rid, req.prompt_token_ids, req.max_tokens, req.temperature,
+                                   req.seed, int(req.priority))
         remaining_s = (req.deadline_ts - now_ms()) / 1000.0
         deadline_timer = self._timers.call_later(
             remaining_s, self._deadline_passed_running
             if pool.config.on_deadline == "finish_and_backfill" else self._deadline_abort, req)
         status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
-        area_at_start = self._batch_area()
+        area_at_start = self._batch_area(started)
         first_token_at = last_token_at = None
         area_at_first = 0.0
         preempted = False
@@ -508,7 +534,7 @@ class Scheduler:
                     last_token_at = time.monotonic()
                     if first_token_at is None:
                         first_token_at = last_token_at
-                        area_at_first = self._batch_area()
+                        area_at_first = self._batch_area(last_token_at)
                         req.first_token_ts = now_ms()
                 req.text = progress.text
                 req.output_tokens = progress.output_tokens
@@ -671,32 +697,36 @@ class Scheduler:
     def _finish(self, req: SidecarRequest, status: RequestStatus,
                 finish_reason: FinishReason) -> None:
         """The only place a request becomes terminal; a second call is ignored."""
-        if req.status.is_finished():
+        if req.status > RequestStatus.RUNNING:  # is_finished(), inlined: once per request
             return
-        self._preemptions.pop(req.request_id, None)
-        self._wait_estimates.pop(req.request_id, None)
+        rid = req.request_id
+        if self._preemptions:
+            self._preemptions.pop(rid, None)
+        if self._wait_estimates:
+            self._wait_estimates.pop(rid, None)
         req.status = status
         req.finish_reason = finish_reason
         req.finish_ts = now_ms()
-        req.fallback_text = self._fallback_text(req.priority)
+        priority = req.priority
+        pool = self.pools[priority or Priority.NORMAL]
+        req.fallback_text = pool.config.fallback_text
         record = ResultRecord.from_request(req, self.sidecar_id)
         self.counters.finished(record)
-        if req.priority is not None:
-            pool = self.pools[req.priority]
+        if priority is not None:
             pool.results_by_status[record.status] += 1
             if record.status == "shed":
                 pool.shed_by_reason[record.reason] += 1
             elif record.status == "ok" and record.finish_ts <= req.deadline_ts:
                 pool.met_deadline += 1
         if self.log_requests:
-            logger.info("Finished request %s: %s.", req.request_id, record.status)
+            logger.info("Finished request %s: %s.", rid, record.status)
         self._emit(record)
-        if (waiter := self._waiters.pop(req.request_id, None)) and not waiter.done():
+        if self._waiters and (waiter := self._waiters.pop(rid, None)) and not waiter.done():
             waiter.set_result(record)
         self._update_idle()
 
     def _update_idle(self) -> None:
-        if not self.load.total_queued() and not self._in_flight_total:
+        if not self._in_flight_total and not self.load.total_queued():
             self._idle.set()
 
     # ------------------------------------------------------------------ lifecycle

@@ -22,22 +22,23 @@ _PRIORITY_BY_VALUE = {int(p): p for p in Priority}
 
 def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
     """Domain request from the wire message (an unknown priority becomes ``None``)."""
+    # Positional, in field order: one call per request, keywords cost more.
     return SidecarRequest(
-        request_id=msg.request_id,
-        trace_id=msg.trace_id,
-        priority=_PRIORITY_BY_VALUE.get(msg.priority),
-        enqueue_ts=msg.enqueue_ts,
-        deadline_ts=msg.deadline_ts,
-        model=msg.model,
-        prompt=msg.prompt,
-        max_tokens=msg.max_tokens,
-        temperature=msg.temperature,
-        cache_key=msg.cache_key,
-        callback_topic=msg.callback_topic,
-        seed=msg.seed if msg.HasField("seed") else None,
-        attributes=dict(msg.attributes) if msg.attributes else {},
-        submit_ts=msg.submit_ts,
-        received_ts=0,  # set by Scheduler.submit_batch, once per batch
+        msg.request_id,
+        msg.trace_id,
+        _PRIORITY_BY_VALUE.get(msg.priority),
+        msg.enqueue_ts,
+        msg.deadline_ts,
+        msg.model,
+        msg.prompt,
+        msg.max_tokens,
+        msg.temperature,
+        msg.cache_key,
+        msg.callback_topic,
+        msg.seed if msg.HasField("seed") else None,
+        dict(msg.attributes) if msg.attributes else {},
+        msg.submit_ts,
+        0,  # received_ts: set by Scheduler.submit_batch, once per batch
     )
 
 
@@ -62,7 +63,11 @@ def submit_batch_response(acks: list[Ack], sidecar_id: str) -> pb.SubmitBatchRes
     response = pb.SubmitBatchResponse(sidecar_id=sidecar_id)
     add = response.acks.add  # built in place: no message copied per ack
     for ack in acks:
-        add(**_ack_fields(ack))
+        if (ack.accepted and not ack.duplicate and ack.reason is None and not ack.detail
+                and not ack.fallback_text):  # the common case, without a dict per ack
+            add(request_id=ack.request_id, accepted=True, received_ts=ack.received_ts)
+        else:
+            add(**_ack_fields(ack))
     return response
 
 

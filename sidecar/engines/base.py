@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from sidecar.contract import FinishReason
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EngineRequest:
-    """What the engine needs to generate one answer."""
+    """What the engine needs to generate one answer (treat it as immutable; not
+    ``frozen``, which makes building one per request slower)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -27,9 +28,10 @@ class EngineRequest:
     """vLLM polarity: lower value is scheduled first."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EngineProgress:
-    """Cumulative state of one generation, yielded as tokens arrive."""
+    """Cumulative state of one generation, yielded as tokens arrive (treat it as
+    immutable; not ``frozen``, which makes building one per token slower)."""
 
     text: str
     """All text generated so far."""

@@ -105,8 +105,9 @@ class SimulatedEngineConfig:
 
 
 class _SimSeq:
-    """One sequence and its output channel (a list plus a future the consumer awaits
-    when the list is empty: cheaper than an ``asyncio.Queue`` per request)."""
+    """One sequence and its output channel (a deque plus a future the consumer,
+    :class:`_SimStream`, awaits when it is empty: cheaper than an ``asyncio.Queue`` per
+    request)."""
 
     __slots__ = ("request", "out", "waiter", "generated", "footprint", "error", "cached")
 
@@ -130,17 +131,6 @@ class _SimSeq:
         if (waiter := self.waiter) is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def get(self) -> EngineProgress:
-        while not self.out:
-            if self.error is not None:
-                raise self.error
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        return self.out.popleft()
-
 
 class _SimStream:
     """The consumer's side of one sequence. A plain async iterator, not an async
@@ -160,12 +150,22 @@ class _SimStream:
     async def __anext__(self) -> EngineProgress:
         if self._done:
             raise StopAsyncIteration
+        seq = self._seq
+        out = seq.out
         try:
-            item = await self._seq.get()
+            while not out:  # no item yet: wait for one (or for the error)
+                if seq.error is not None:
+                    raise seq.error
+                seq.waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await seq.waiter
+                finally:
+                    seq.waiter = None
         except BaseException:
             self._done = True
-            self._engine._drop(self._seq)
+            self._engine._drop(seq)
             raise
+        item = out.popleft()
         if item.finished:
             self._done = True
         return item
@@ -299,6 +299,10 @@ class SimulatedEngine(Engine):
 
     async def _step_loop(self) -> None:
         cfg = self.config
+        # The answer text per output length, formatted once (the engine stands in for a
+        # GPU, whose work is not the sidecar's CPU).
+        texts: dict[int, str] = {}
+        template = cfg.text
         while True:
             if not self._running and not self._waiting:
                 self._wake.clear()
@@ -317,17 +321,20 @@ class SimulatedEngine(Engine):
                 prefill_tokens += len(ids) - seq.cached
             batch = len(self._running)
             await asyncio.sleep(cfg.step_seconds(batch) + prefill_tokens / cfg.prefill_tokens_per_s)
+            if cfg.text is not template:
+                texts.clear()
+                template = cfg.text
             for rid, seq in list(self._running.items()):
                 seq.generated += 1
                 done = seq.generated >= seq.request.max_tokens
                 if seq.generated == 1 or done:
-                    seq.put(EngineProgress(
-                        text=cfg.text.format(tokens=seq.generated) if done else "",
-                        output_tokens=seq.generated,
-                        cached_tokens=seq.cached,
-                        finished=done,
-                        finish_reason=FinishReason.LENGTH if done else None,
-                    ))
+                    text = ""
+                    if done and (text := texts.get(seq.generated)) is None:
+                        if len(texts) > 4096:
+                            texts.clear()
+                        text = texts[seq.generated] = cfg.text.format(tokens=seq.generated)
+                    seq.put(EngineProgress(text, seq.generated, seq.cached, done,
+                                           FinishReason.LENGTH if done else None))
                 if done:
                     del self._running[rid]
                     self._kv_used -= seq.footprint

@@ -31,6 +31,8 @@ def test_gateway_overhead_smoke(tmp_path: Path) -> None:
         assert row["rpcs_per_s"] > 0
         assert row["refused"] == {}
         assert 0 < row["ack_ms_per_rpc"]["p50"] <= row["ack_ms_per_rpc"]["p99"]
+        cpu_us = row["sidecar_cpu_us_per_request"]  # None only where /proc is missing
+        assert cpu_us is None or cpu_us > 0, row
     assert rows[16]["submissions_per_s"] > rows[1]["submissions_per_s"], rows
 
     lat = written["added_latency"]

@@ -139,6 +139,28 @@ def test_result_file_names_are_offsets_in_one_stream(tmp_path: Path) -> None:
     assert rows[0]["submit_ts"] == 5 and rows[1]["attributes"] == []
 
 
+def test_a_flush_writes_what_was_pending_when_it_began(tmp_path: Path) -> None:
+    """Rows emitted while a file is being written wait for the next flush (under steady
+    load the writer no longer writes small file after small file back to back); close()
+    writes everything."""
+    writer = ParquetResultWriter(ResultChannelConfig(results_dir=str(tmp_path)), "s0")
+
+    async def run() -> None:
+        writer.emit(_record(0))
+        writer.emit(_record(1))
+        flush = asyncio.create_task(writer.flush())
+        await asyncio.sleep(0)  # the flush took its rows and is writing them
+        writer.emit(_record(2))
+        await flush
+        assert writer.files_written == 1 and writer.rows_written == 2
+        await writer.close()
+
+    asyncio.run(run())
+    files = sorted(tmp_path.iterdir(), key=lambda p: parse_result_file_name(p.name).seq)
+    assert [pq.read_table(f).column("request_id").to_pylist() for f in files] == [
+        ["w0", "w1"], ["w2"]]
+
+
 def test_a_failed_write_keeps_its_seq(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real, calls = result_writer.write_parquet_atomically, []
 

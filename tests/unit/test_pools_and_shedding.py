@@ -204,6 +204,52 @@ def test_metrics_count_every_result_with_priority_status_and_reason() -> None:
     assert 'sts_sidecar_queue_depth{priority="low"} 0.0' in text
 
 
+def test_a_burst_into_one_pool_starts_in_order_within_the_pool_and_engine_limits() -> None:
+    """Dispatch starts a run of heads from the only pool that can start work: FIFO, up to
+    the pool's max_in_flight; a second pool then gets the engine's last slot."""
+    pools = {"low": {"max_in_flight": 2}}
+
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.submit_batch([make_sidecar_request(f"l{i}", priority=LOW, max_tokens=2000)
+                        for i in range(6)])
+        await until(lambda: s.pools[LOW].in_flight == 2)
+        await asyncio.sleep(0.01)
+        assert list(s.pools[LOW].running) == ["l0", "l1"] and s.pools[LOW].queued == 4
+        s.submit_batch([make_sidecar_request(f"n{i}", priority=NORMAL, max_tokens=2000)
+                        for i in range(2)])
+        await until(lambda: s.pools[NORMAL].in_flight == 1)
+        await asyncio.sleep(0.01)
+        assert list(s.pools[NORMAL].running) == ["n0"] and s._in_flight_total == 3
+        assert s.pools[LOW].in_flight == 2
+
+    results = asyncio.run(with_scheduler(fast_engine(), _config(max_in_flight=3, pools=pools),
+                                         body))
+    assert sorted(r.request_id for r in results) == sorted(
+        [f"l{i}" for i in range(6)] + ["n0", "n1"])  # one row each, at shutdown
+
+
+def test_result_histograms_expose_what_prometheus_client_would() -> None:
+    """The sidecar's own lock-free histograms print the same buckets, counts and sums as
+    ``prometheus_client.Histogram`` would (without its ``_created`` gauge)."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from sidecar.metrics import _LATENCY_BUCKETS, _Histogram
+
+    values = [0.0, 0.05, 0.07, 1.0, 2.5, 29.9, 30.0, 500.0]
+    reference = CollectorRegistry()
+    histogram = Histogram("h_seconds", "Doc.", ["priority", "status"],
+                          buckets=_LATENCY_BUCKETS, registry=reference)
+    ours = _Histogram("h_seconds", "Doc.", ["priority", "status"], _LATENCY_BUCKETS)
+    registry = CollectorRegistry()
+    registry.register(ours)
+    for v in values:
+        histogram.labels("low", "ok").observe(v)
+        ours.observe(ours.series("low", "ok"), v)
+    expected = [line for line in generate_latest(reference).decode().splitlines()
+                if "_created" not in line]
+    assert generate_latest(registry).decode().splitlines() == expected
+
+
 def test_pool_config_is_validated() -> None:
     with pytest.raises(ValueError, match="unknown pools"):
         SchedulerConfig(pools={"urgent": {}})
