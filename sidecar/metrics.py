@@ -277,8 +277,11 @@ class SidecarMetrics:
         ``labels()`` costs more than the observation itself."""
         self._ttft_series: dict[str, _Series] = {}
         self._tpot_series: dict[str, _Series] = {}
-        # The results an alert watches start at 0, so their first one is an increase.
+        # The results an alert watches, and the latency series a dashboard rates, start at
+        # 0, so their first observation is an increase (a series born at 1 has no rate).
         for priority in PRIORITY_NAMES:
+            self._ttft_series[priority] = self.ttft.series(priority)
+            self._tpot_series[priority] = self.tpot.series(priority)
             self._results.setdefault((priority, str(Status.TIMEOUT), "none"), [0])
             for reason in RefusalReason:
                 if reason.status is Status.SHED:

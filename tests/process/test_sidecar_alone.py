@@ -18,6 +18,7 @@ SPARK_SIDE = ("pyspark", "pandas", "numpy", "deltalake", "matplotlib", "spark_ex
 
 #: Modules building the ``sts`` parser may load from the packages above the sidecar.
 _REGISTRATION = ("sts_harness", "sts_harness.commands", "sts_harness.l1l2_commands",
+                 "sts_harness.trace_commands",
                  "benchmarks", "benchmarks.commands",
                  "benchmarks.cli_args")
 #: numpy is left out: pyarrow (a sidecar dependency) imports it when it is installed.
