@@ -361,12 +361,18 @@ class Scheduler:
             req = pool.head()
             if req is None or not pool.has_room_for(req):
                 return
-            pool.queue.popleft()
-            self._leave_queue(req)
-            if refusal := self.load.infeasible_now(req):
-                self._shed(req, refusal)
-                continue
-            self._start(req)
+            self._take_and_start(pool, req)
+
+    def _take_and_start(self, pool: Pool, req: SidecarRequest) -> bool:
+        """Take ``req`` (its pool's head) off the queue and start it, or shed it when
+        its deadline can no longer be met; ``True`` when it started."""
+        pool.queue.popleft()
+        self._leave_queue(req)
+        if refusal := self.load.infeasible_now(req):
+            self._shed(req, refusal)
+            return False
+        self._start(req)
+        return True
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -378,13 +384,7 @@ class Scheduler:
                     break
                 assert req.priority is not None
                 pool = self.pools[req.priority]
-                pool.queue.popleft()
-                self._leave_queue(req)
-                if refusal := self.load.infeasible_now(req):
-                    self._shed(req, refusal)
-                    continue
-                self._start(req)
-                if self._sole_pool is pool:
+                if self._take_and_start(pool, req) and self._sole_pool is pool:
                     self._start_run(pool)
             self._preempt_for_waiting()
             self._update_idle()
