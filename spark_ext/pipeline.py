@@ -108,6 +108,8 @@ class StsPipeline:
         """Answers replaced by the fallback since start, per validation rule."""
         self.submitted = 0
         """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
+        self.fast_path_stats = fast_path.FastPathStats()
+        """Routes and retrieval hits of L1/L2 since start (empty when both are off)."""
         self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
                                     fallback_text=config.answers.fallback_text,
                                     app_id=self._app_id("safety-net", "answers"))
@@ -140,6 +142,10 @@ class StsPipeline:
 
     def requests(self, events: DataFrame | None = None) -> DataFrame:
         events = events if events is not None else self.events()
+        if self.config.features.enabled:  # stream-static join, before the L1 rules
+            from spark_ext.features import join_features
+
+            events = join_features(events, self.config.features, self.spark)
         if fast_path.enabled(self.config):  # L1 routing / L2 retrieval: adds `route`
             events = fast_path.apply_fast_path(events, self.config)
         return build_requests(events, self.config.tagging, self.template)
@@ -158,10 +164,10 @@ class StsPipeline:
 
     # -------------------------------------------------------------- batch writers
 
-    def _write_submitted(self, batch: DataFrame, batch_id: int) -> None:
+    def _write_submitted(self, batch: DataFrame, batch_id: int) -> pa.Table:
         table = batch.toArrow()  # the one materialisation: one SubmitBatch per request
         if table.num_rows == 0:
-            return
+            return table
         self.submitted += table.num_rows
         self.store.append("requests", table, app_id=self._app_id("submit", "requests"),
                           version=batch_id)
@@ -174,6 +180,7 @@ class StsPipeline:
         keep = [c for c in (*KEPT_COLUMNS, *self.config.tagging.key_columns)
                 if c in accepted.column_names]
         self.safety_net.watch(accepted.select(list(dict.fromkeys(keep))).to_pylist())
+        return table
 
     def _write_fast_path_then_submit(self, batch: DataFrame, batch_id: int) -> None:
         """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once; only
@@ -183,6 +190,7 @@ class StsPipeline:
         batch = batch.persist()
         try:
             direct = batch.where(F.col("route") != "llm").drop("prompt").toArrow()
+            self.fast_path_stats.add(direct)
             if direct.num_rows:
                 self.store.record_answers(
                     fast_path.fast_answers(direct.to_pylist(),
@@ -194,9 +202,9 @@ class StsPipeline:
                   if c in batch.columns])
             carried = [*self.config.tagging.key_columns,
                        *([KB_IDS] if KB_IDS in to_llm.columns else [])]
-            self._write_submitted(submit_requests(
+            self.fast_path_stats.add(self._write_submitted(submit_requests(
                 to_llm, self.config.sidecar, carried,
-                {PIPELINE_ATTRIBUTE: self.pipeline_id}), batch_id)
+                {PIPELINE_ATTRIBUTE: self.pipeline_id}), batch_id))
         finally:
             batch.unpersist()
 
