@@ -213,6 +213,17 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
     }
 
 
+def batch_durations(queries: list) -> dict[str, dict[str, float | None]]:
+    """Per query: P50/P99 (ms) and count of its recent micro-batches that had input
+    (Spark keeps the last 100 progress updates of a query)."""
+    out = {}
+    for q in queries:
+        ms = [p.durationMs.get("triggerExecution") for p in q.recentProgress
+              if p.numInputRows and p.durationMs.get("triggerExecution") is not None]
+        out[q.name] = percentiles(ms, (50, 99), digits=0) | {"n": len(ms)}
+    return out
+
+
 def run_demo(opts: DemoOptions) -> dict:
     """Run the demo and return its summary (also written to ``out/summary.json``)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -334,6 +345,7 @@ def run_demo(opts: DemoOptions) -> dict:
         summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats,
                             fast_path=pipeline.fast_path_stats.summary() if opts.l1l2 else None)
         summary["incomplete"] = failure
+        summary["batch_ms"] = batch_durations(pipeline.queries)
         from sts_harness.demo_plots import plot_demo
 
         high, normal, low = opts.sla_ms
@@ -379,6 +391,10 @@ def print_summary(summary: dict) -> None:
     print(f"engine               {summary['engine']}, "
           f"{summary['engine_output_tokens_per_s'] or 0:.0f} output tokens/s (last 10 s), "
           f"prefix-cache hit rate {f'{hit:.1%}' if hit is not None else 'not reported'}")
+    for name, v in (summary.get("batch_ms") or {}).items():
+        if v.get("n"):
+            print(f"micro-batches {name:<12} {v['n']} with input, P50 {v['p50']:.0f} ms, "
+                  f"P99 {v['p99']:.0f} ms")
     print("where the time went (answers of the model and fallbacks):")
     for line in format_hops(summary["hops_ms"]):
         print("  " + line)
