@@ -248,6 +248,10 @@ def run_demo(opts: DemoOptions) -> dict:
         sidecar = stack.enter_context(SidecarProcess(
             out / "results", ["--engine", opts.engine, "--sidecar-id", "demo-sidecar",
                               "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8",
+                              # whole 32-token KV blocks are what prefix caching shares
+                              # (vLLM's CPU default of 128 shares none of a short prompt)
+                              *(["--engine-arg", "block_size=32"] if opts.engine == "vllm"
+                                else []),
                               "--set", f"server.token_file={json.dumps(str(token_file))}"],
             log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
             security=ClientSecurity(token_file=str(token_file))))
