@@ -351,12 +351,18 @@ class FeaturesConfig:
     columns: list[str] = field(default_factory=list)
     """Feature columns taken from the table; empty = all but ``key``."""
 
+    max_inline_rows: int = 1000
+    """Tables up to this many rows are looked up from a map literal in the query plan
+    (no broadcast job per micro-batch); bigger ones are broadcast-joined."""
+
     def __post_init__(self) -> None:
         if self.enabled and not self.table:
             raise PipelineConfigError("features.table must name a Delta table when "
                                       "features.enabled is true")
         if not self.key:
             raise PipelineConfigError(f"{self.key=} must name a column")
+        if self.max_inline_rows < 0:
+            raise PipelineConfigError(f"{self.max_inline_rows=} must be >= 0")
 
 
 #: Queries with their own trigger (``output.triggers``).

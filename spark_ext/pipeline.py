@@ -81,6 +81,15 @@ def one_line_reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
+def _await_sources(query: StreamingQuery, timeout_s: float = 60.0) -> None:
+    """Wait until ``query`` has initialised its sources (or stopped, or ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and time.monotonic() < deadline:
+        if not str(query.status.get("message", "")).startswith("Initializing"):
+            return  # past "Initializing StreamExecution" and "Initializing sources"
+        time.sleep(0.1)
+
+
 class StsPipeline:
     """Builds and runs the STS queries on a SparkSession.
 
@@ -279,14 +288,22 @@ class StsPipeline:
             self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
             logger.info("Spark-side metrics on http://%s:%d/metrics",
                         self.config.output.metrics_addr, self.metrics_port)
-        if fast_path.enabled(self.config):
-            fast_path.warm_up(self.spark, self.config)
-            submit = self._start(self.requests(events), "submit",
-                                 self._write_fast_path_then_submit)
-        else:
-            submit = self._start(self.acks(events), "submit", self._write_submitted)
-        self.queries = [submit,
-                        self._start(self.results(), "answers", self._write_results)]
+        # The answers query first: its results source starts a Python worker that must
+        # connect back within Spark's fixed timeout, which L1/L2's start (model loads in
+        # every worker) can exceed on a busy machine.
+        answers = self._start(self.results(), "answers", self._write_results)
+        try:
+            _await_sources(answers)
+            if fast_path.enabled(self.config):
+                fast_path.warm_up(self.spark, self.config)
+                submit = self._start(self.requests(events), "submit",
+                                     self._write_fast_path_then_submit)
+            else:
+                submit = self._start(self.acks(events), "submit", self._write_submitted)
+        except BaseException:
+            answers.stop()
+            raise
+        self.queries = [submit, answers]
         maintenance = self.config.maintenance
         self.tickers = [
             Ticker("sts-safety-net", self.config.answers.safety_net_interval_s,

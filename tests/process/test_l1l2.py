@@ -370,11 +370,15 @@ def test_feature_lookup_joins_a_delta_table_that_rules_use(spark, tmp_path: Path
     joined = join_features(events, features, spark).withColumn("route", F.lit("llm"))
     rules = RoutingConfig(rules=[{"when": "tier = 'enterprise'", "priority": "high"},
                                  {"when": "open_tickets >= 3", "priority": "normal"}])
-    out = {r.event_id: (r.tier, r.open_tickets, r.priority)
-           for r in apply_rules(joined, rules).collect()}
-    # one row per event: unknown and missing customers keep null features and their priority
-    assert out == {"e1": ("enterprise", 0, "high"), "e2": ("free", 4, "normal"),
-                   "e3": (None, None, "low"), "e4": (None, None, "normal")}
+    # a small table is inlined as a map, a big one broadcast-joined: the same rows
+    joined_big = join_features(events, FeaturesConfig(enabled=True, table=str(table),
+                                                      max_inline_rows=1), spark)
+    for df in (joined, joined_big.withColumn("route", F.lit("llm"))):
+        out = {r.event_id: (r.tier, r.open_tickets, r.priority)
+               for r in apply_rules(df, rules).collect()}
+        # one row per event: unknown and missing customers keep null features and priority
+        assert out == {"e1": ("enterprise", 0, "high"), "e2": ("free", 4, "normal"),
+                       "e3": (None, None, "low"), "e4": (None, None, "normal")}
     for config, message in [
             (FeaturesConfig(enabled=True, table=str(tmp_path / "none")), "no readable Delta"),
             (FeaturesConfig(enabled=True, table=str(table), key="account"), "not a column of"),
