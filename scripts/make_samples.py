@@ -1,7 +1,8 @@
 """Regenerate the sample tickets (deterministic): sts_harness/samples/support_tickets.jsonl
-(300 tickets, the demo's stream) and l1_labelled.jsonl (those tickets labelled ``route =
-llm`` plus greetings and thanks (``rule``) and spam (``drop``), to train L1 with
-``sts l1 train``)."""
+(300 tickets, the demo's stream, each from one of 60 customers), l1_labelled.jsonl (those
+tickets labelled ``route = llm`` plus greetings and thanks (``rule``) and spam
+(``drop``), to train L1 with ``sts l1 train``) and customers.jsonl (the customers'
+features: ``tier``, ``open_tickets``; the demo writes them into a Delta feature table)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "sts_harness" / "samples" / "support_tickets.jsonl"
 LABELLED = OUT.with_name("l1_labelled.jsonl")
+CUSTOMERS = OUT.with_name("customers.jsonl")
+#: Customers and their tiers (weights: a few enterprise customers, most on the free tier).
+N_CUSTOMERS = 60
+TIERS = {"enterprise": 1, "business": 3, "free": 6}
 
 HIGH = [
     "My card was charged {n} times for order #{o}; please refund the extra charges.",
@@ -91,12 +96,22 @@ def main() -> None:
                                        amt=rng.randint(20, 900), item=rng.choice(ITEMS),
                                        country=rng.choice(COUNTRIES))
         rows.append({"ticket_id": f"T{i:04d}", "text": text, "priority": priority})
+    # Customers from their own generator, so the ticket texts above stay as they were.
+    crng = random.Random(11)
+    customers = [{"customer_id": f"C{i:03d}",
+                  "tier": crng.choices(list(TIERS), weights=list(TIERS.values()))[0],
+                  "open_tickets": crng.choice([0, 0, 0, 1, 1, 2, 3, 5])}
+                 for i in range(N_CUSTOMERS)]
+    for r in rows:
+        r["customer_id"] = crng.choice(customers)["customer_id"]
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     print(OUT, len(rows))
     labelled = labelled_rows(rows)
     LABELLED.write_text("".join(json.dumps(r) + "\n" for r in labelled), encoding="utf-8")
     print(LABELLED, len(labelled))
+    CUSTOMERS.write_text("".join(json.dumps(c) + "\n" for c in customers), encoding="utf-8")
+    print(CUSTOMERS, len(customers))
 
 
 if __name__ == "__main__":

@@ -186,7 +186,7 @@ def answers_for_lost(pending: Iterable[Mapping], *, key_columns: list[str], fall
             "answer_source": "fallback", "status": "timeout", "reason": NO_RESULT,
             "fallback_text": fallback_text, "enqueue_ts": p.get("enqueue_ts"),
             "submit_ts": p.get("submit_ts"), "received_ts": None, "finish_ts": None,
-            "deadline_ts": p.get("deadline_ts"),
+            "deadline_ts": p.get("deadline_ts"), "kb_ids": joined_ids(p.get(KB_IDS)),
         }
         row.update({k: p.get(k) for k in key_columns if k not in row})
         out.append(row)

@@ -318,13 +318,57 @@ class KnowledgeBaseConfig:
     max_context_chars: int = 1500
     """Longest retrieved context put into a prompt (articles are cut at the limit)."""
 
+    min_score: float = 0.0
+    """Hits below this cosine similarity are left out (not in the prompt, not in
+    ``kb_ids``); 0 keeps all ``top_k``. An event with no hit left gets no context."""
+
+    context_sentences: int = 0
+    """Put only the first N sentences of each article into the prompt (0 = the whole
+    text): short prompts keep CPU prefill fast."""
+
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= 100:
             raise PipelineConfigError(f"{self.top_k=} must be in [1, 100]")
         if self.max_context_chars < 0:
             raise PipelineConfigError(f"{self.max_context_chars=} must be >= 0")
+        if not -1.0 <= self.min_score <= 1.0:
+            raise PipelineConfigError(f"{self.min_score=} must be in [-1, 1]")
+        if self.context_sentences < 0:
+            raise PipelineConfigError(f"{self.context_sentences=} must be >= 0")
         if not self.uri or not self.collection:
             raise PipelineConfigError(f"{self.uri=} and {self.collection=} must be set")
+
+
+@dataclass
+class FeaturesConfig:
+    """L2: feature lookup, a stream-static join of the events with a Delta table (e.g.
+    customer ``tier``, ``open_tickets``) before L1, so ``routing.rules`` can use them."""
+
+    enabled: bool = False
+    """Join the feature table into the events."""
+
+    table: str = ""
+    """Path or URI of the Delta feature table (read with ``deltalake``)."""
+
+    key: str = "customer_id"
+    """Column of both the events and the table that the join matches on (left join:
+    an event without a match keeps null features)."""
+
+    columns: list[str] = field(default_factory=list)
+    """Feature columns taken from the table; empty = all but ``key``."""
+
+    max_inline_rows: int = 1000
+    """Tables up to this many rows are looked up from a map literal in the query plan
+    (no broadcast job per micro-batch); bigger ones are broadcast-joined."""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.table:
+            raise PipelineConfigError("features.table must name a Delta table when "
+                                      "features.enabled is true")
+        if not self.key:
+            raise PipelineConfigError(f"{self.key=} must name a column")
+        if self.max_inline_rows < 0:
+            raise PipelineConfigError(f"{self.max_inline_rows=} must be >= 0")
 
 
 #: Queries with their own trigger (``output.triggers``).
@@ -442,6 +486,7 @@ class PipelineConfig:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     knowledge_base: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
 
     SECTIONS: ClassVar[dict[str, type]] = {
         "source": SourceConfig, "tagging": TaggingConfig, "template": TemplateConfig,
@@ -449,6 +494,7 @@ class PipelineConfig:
         "maintenance": MaintenanceConfig, "validation": ValidationConfig,
         "embedding": EmbeddingConfig, "routing": RoutingConfig,
         "knowledge_base": KnowledgeBaseConfig, "rollout": RolloutConfig,
+        "features": FeaturesConfig,
     }
 
     @classmethod
@@ -502,6 +548,8 @@ class PipelineConfig:
         self.sidecar.run_dir = resolve(self.sidecar.run_dir)
         self.output.out_dir = resolve(self.output.out_dir)
         self.output.checkpoint_dir = resolve(self.output.checkpoint_dir)
+        if self.features.table:
+            self.features.table = resolve(self.features.table)
         side = self.sidecar
         for name in ("tls_ca_file", "tls_cert_file", "tls_key_file", "token_file"):
             if (value := getattr(side, name)) is not None:

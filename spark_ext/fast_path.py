@@ -18,11 +18,14 @@ A rule that routes ``llm`` explicitly does not stop the FAQ short-circuit; ``rul
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import pyarrow as pa
 
 from spark_ext.answers import joined_ids
 from spark_ext.config import PipelineConfig
@@ -134,6 +137,8 @@ def warm_up(spark: "SparkSession", config: PipelineConfig) -> None:
     micro-batch: a cold worker spends tens of seconds on it, which would count against
     the first events' deadlines."""
     n = max(1, spark.sparkContext.defaultParallelism)
+    # the rules may name columns of the events or features that this batch lacks
+    config = replace(config, routing=replace(config.routing, rules=[]))
     columns = list(dict.fromkeys([config.routing.text_column,
                                   config.knowledge_base.text_column, "priority"]))
     rows = [tuple("normal" if c == "priority" else "hello" for c in columns)] * n
@@ -178,3 +183,59 @@ def fast_answers(rows: Iterable[Mapping[str, Any]], *, key_columns: list[str], r
         row.update({k: r.get(k) for k in key_columns if k not in row})
         out.append(row)
     return out
+
+
+@dataclass
+class FastPathStats:
+    """What L1 and L2 decided for the events of the submit micro-batches so far (a
+    replayed micro-batch counts again)."""
+
+    events: int = 0
+    """Events routed."""
+
+    routes: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Events per final route (:data:`FINAL_ROUTES`)."""
+
+    retrieved: int = 0
+    """Events that went through retrieval."""
+
+    with_hit: int = 0
+    """Events with at least one article at or above ``knowledge_base.min_score``."""
+
+    top_score_sum: float = 0.0
+    """Sum of the best similarity per retrieved event (for the mean)."""
+
+    def add(self, table: pa.Table) -> None:
+        """Count the rows of ``table`` (columns ``route`` and, with retrieval, ``kb_ids``
+        and ``kb_top_score``).
+
+        Example:
+            >>> stats = FastPathStats()
+            >>> stats.add(pa.table({"route": ["kb", "llm", "rule"],
+            ...                     "kb_ids": [["f1"], ["a", "b"], []],
+            ...                     "kb_top_score": [0.9, 0.6, 0.3]}))
+            >>> stats.summary()
+            {'events': 3, 'routes': {'kb': 1, 'llm': 1, 'rule': 1}, 'hit_share': 0.6667, \
+'kb_share': 0.3333, 'mean_top_score': 0.6}
+        """
+        if "route" not in table.column_names or table.num_rows == 0:
+            return
+        self.events += table.num_rows
+        self.routes.update(table.column("route").to_pylist())
+        if "kb_ids" in table.column_names:
+            ids = table.column("kb_ids").to_pylist()
+            self.retrieved += len(ids)
+            self.with_hit += sum(1 for i in ids if i)
+        if "kb_top_score" in table.column_names:
+            self.top_score_sum += sum(x for x in table.column("kb_top_score").to_pylist()
+                                      if x is not None)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and shares: ``hit_share`` (events with a hit), ``kb_share`` (answered
+        from an FAQ article), ``mean_top_score`` (best similarity); ``None`` without
+        retrieval."""
+        n = self.retrieved
+        return {"events": self.events, "routes": dict(sorted(self.routes.items())),
+                "hit_share": round(self.with_hit / n, 4) if n else None,
+                "kb_share": round(self.routes["kb"] / n, 4) if n else None,
+                "mean_top_score": round(self.top_score_sum / n, 4) if n else None}

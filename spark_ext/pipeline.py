@@ -127,6 +127,15 @@ def local_checkpoint_manager(spark: SparkSession) -> str | None:
     return None
 
 
+def _await_sources(query: StreamingQuery, timeout_s: float = 60.0) -> None:
+    """Wait until ``query`` has initialised its sources (or stopped, or ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and time.monotonic() < deadline:
+        if not str(query.status.get("message", "")).startswith("Initializing"):
+            return  # past "Initializing StreamExecution" and "Initializing sources"
+        time.sleep(0.1)
+
+
 class StsPipeline:
     """Builds and runs the STS queries on a SparkSession.
 
@@ -157,6 +166,8 @@ class StsPipeline:
         """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
         self.shadow = ShadowAnswers(self.store, horizon_s=config.answers.ledger_horizon_s)
         """The ``shadow_answers`` table (rollout ``shadow``, :mod:`spark_ext.shadow`)."""
+        self.fast_path_stats = fast_path.FastPathStats()
+        """Routes and retrieval hits of L1/L2 since start (empty when both are off)."""
         self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
                                     fallback_text=config.answers.fallback_text,
                                     app_id=self._app_id("safety-net", "answers"))
@@ -189,6 +200,10 @@ class StsPipeline:
 
     def requests(self, events: DataFrame | None = None) -> DataFrame:
         events = events if events is not None else self.events()
+        if self.config.features.enabled:  # stream-static join, before the L1 rules
+            from spark_ext.features import join_features
+
+            events = join_features(events, self.config.features, self.spark)
         if fast_path.enabled(self.config):  # L1 routing / L2 retrieval: adds `route`
             events = fast_path.apply_fast_path(events, self.config)
         requests = build_requests(events, self.config.tagging, self.template)
@@ -211,10 +226,10 @@ class StsPipeline:
 
     # -------------------------------------------------------------- batch writers
 
-    def _write_submitted(self, batch: DataFrame, batch_id: int) -> None:
+    def _write_submitted(self, batch: DataFrame, batch_id: int) -> pa.Table:
         table = batch.toArrow()  # the one materialisation: one SubmitBatch per request
         if table.num_rows == 0:
-            return
+            return table
         self.submitted += table.num_rows
         self.store.append("requests", table, app_id=self._app_id("submit", "requests"),
                           version=batch_id)
@@ -232,6 +247,7 @@ class StsPipeline:
         keep = [c for c in (*KEPT_COLUMNS, *self.config.tagging.key_columns)
                 if c in accepted.column_names]
         self.safety_net.watch(accepted.select(list(dict.fromkeys(keep))).to_pylist())
+        return table
 
     def _write_fast_path_then_submit(self, batch: DataFrame, batch_id: int) -> None:
         """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once; only
@@ -258,6 +274,8 @@ class StsPipeline:
             direct = (batch.where(F.col("route") != "llm").drop("prompt").toArrow()
                       if fast_path.enabled(self.config) else pa.table({}))  # else all `llm`
             if direct.num_rows:
+                self.fast_path_stats.add(direct)
+            if direct.num_rows:
                 self.store.record_answers(
                     fast_path.fast_answers(direct.to_pylist(),
                                            key_columns=self.config.tagging.key_columns,
@@ -269,9 +287,9 @@ class StsPipeline:
                   if c in batch.columns])
             carried = [*self.config.tagging.key_columns,
                        *([KB_IDS] if KB_IDS in to_llm.columns else [])]
-            self._write_submitted(submit_requests(
+            self.fast_path_stats.add(self._write_submitted(submit_requests(
                 to_llm, self.config.sidecar, carried, extra,
-                traceparent_column=self.config.tagging.traceparent), batch_id)
+                traceparent_column=self.config.tagging.traceparent), batch_id))
         finally:
             batch.unpersist()
 
@@ -359,15 +377,23 @@ class StsPipeline:
             self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
             logger.info("Spark-side metrics on http://%s:%d/metrics",
                         self.config.output.metrics_addr, self.metrics_port)
-        if fast_path.enabled(self.config) or self.config.rollout.mode != "full":
-            if fast_path.enabled(self.config):
-                fast_path.warm_up(self.spark, self.config)
-            submit = self._start(self.requests(events), "submit",
-                                 self._write_fast_path_then_submit)
-        else:
-            submit = self._start(self.acks(events), "submit", self._write_submitted)
-        self.queries = [submit,
-                        self._start(self.results(), "answers", self._write_results)]
+        # The answers query first: its results source starts a Python worker that must
+        # connect back within Spark's fixed timeout, which L1/L2's start (model loads in
+        # every worker) can exceed on a busy machine.
+        answers = self._start(self.results(), "answers", self._write_results)
+        try:
+            _await_sources(answers)
+            if fast_path.enabled(self.config) or self.config.rollout.mode != "full":
+                if fast_path.enabled(self.config):
+                    fast_path.warm_up(self.spark, self.config)
+                submit = self._start(self.requests(events), "submit",
+                                     self._write_fast_path_then_submit)
+            else:
+                submit = self._start(self.acks(events), "submit", self._write_submitted)
+        except BaseException:
+            answers.stop()
+            raise
+        self.queries = [submit, answers]
         maintenance = self.config.maintenance
         self.tickers = [
             Ticker("sts-safety-net", self.config.answers.safety_net_interval_s,

@@ -1,7 +1,8 @@
 """L2: retrieval from the knowledge base as a pandas UDF, one Milvus search per batch.
 
 :func:`retrieve` adds to each event the ``top_k`` best articles of
-:mod:`spark_ext.knowledge_base` (``kb_ids``, ``kb_scores``, ``kb_texts``), the
+:mod:`spark_ext.knowledge_base` that score at least ``min_score`` (``kb_ids``,
+``kb_scores``, ``kb_texts``), the best score of all (``kb_top_score``), the
 retrieved context for the prompt (``kb_context``) and, when the best hit is an FAQ
 article at or above ``faq_min_score``, that article's answer (``kb_answer``: the event
 can be answered without the LLM, ``answer_source = kb``).
@@ -17,6 +18,7 @@ the event. Use ``{kb_context}`` in ``template.dynamic`` before the event's field
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,32 +31,56 @@ if TYPE_CHECKING:
 
 #: Columns :func:`retrieve` adds.
 RETRIEVAL_COLUMNS: tuple[str, ...] = ("kb_ids", "kb_scores", "kb_texts", "kb_context",
-                                      "kb_answer", "kb_answer_id")
+                                      "kb_answer", "kb_answer_id", "kb_top_score")
 
 #: Spark type of the retrieval UDF's result.
 RETRIEVAL_TYPE = ("kb_ids array<string>, kb_scores array<float>, kb_texts array<string>, "
-                  "kb_context string, kb_answer string, kb_answer_id string")
+                  "kb_context string, kb_answer string, kb_answer_id string, "
+                  "kb_top_score float")
 
 
-def render_context(hits: Sequence[dict[str, Any]], max_chars: int) -> str:
-    """The retrieved articles as prompt context, best first (ties by id), cut at
-    ``max_chars``; empty when there are no hits.
+def first_sentences(text: str, n: int) -> str:
+    """The first ``n`` sentences of ``text`` (``n`` = 0: all of it).
 
     Example:
-        >>> hits = [{"id": "b", "score": 0.5, "title": "Returns", "text": "30 days."},
+        >>> first_sentences("Orders ship in 2 days. Returns take 30 days. Call us.", 2)
+        'Orders ship in 2 days. Returns take 30 days.'
+        >>> first_sentences("Pay 3.5 EUR per month", 1)
+        'Pay 3.5 EUR per month'
+    """
+    if n <= 0:
+        return text
+    parts = _SENTENCE_END.split(text.strip(), maxsplit=n)
+    return " ".join(parts[:n]).strip()
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def render_context(hits: Sequence[dict[str, Any]], max_chars: int, *, sentences: int = 0
+                   ) -> str:
+    """The retrieved articles as prompt context, best first (ties by id), each cut to
+    its first ``sentences`` (0: whole), all cut at ``max_chars``; empty when there are
+    no hits.
+
+    Example:
+        >>> hits = [{"id": "b", "score": 0.5, "title": "Returns", "text": "30 days. Free."},
         ...         {"id": "a", "score": 0.5, "title": "Refunds", "text": "5 days."}]
         >>> print(render_context(hits, 200))
         Context:
         [a] Refunds: 5 days.
-        [b] Returns: 30 days.
+        [b] Returns: 30 days. Free.
         <BLANKLINE>
+        >>> render_context(hits, 200, sentences=1).splitlines()[2]
+        '[b] Returns: 30 days.'
         >>> render_context(hits, 20)
         'Context:\\n[a]\\n'
     """
     if not hits or max_chars <= 0:
         return ""
     ordered = sorted(hits, key=lambda h: (-round(float(h["score"]), 6), str(h["id"])))
-    lines = [f"[{h['id']}] {h['title']}: {h['text']}" for h in ordered]
+    lines = [f"[{h['id']}] {h['title']}: {first_sentences(str(h['text']), sentences)}"
+             for h in ordered]
     text = "Context:\n" + "\n".join(lines)
     if len(text) > max_chars:
         text = text[:max_chars].rsplit(" ", 1)[0]
@@ -80,12 +106,15 @@ def retrieval_rows(hits_per_row: Sequence[Sequence[dict[str, Any]]], kb: Knowled
                    ) -> dict[str, list[Any]]:
     """The retrieval columns (:data:`RETRIEVAL_COLUMNS`) for a batch of search results."""
     cols: dict[str, list[Any]] = {c: [] for c in RETRIEVAL_COLUMNS}
-    for hits in hits_per_row:
+    for found in hits_per_row:
+        cols["kb_top_score"].append(max((float(h["score"]) for h in found), default=None))
+        hits = [h for h in found if float(h["score"]) >= kb.min_score]
         cols["kb_ids"].append([str(h["id"]) for h in hits])
         cols["kb_scores"].append([float(h["score"]) for h in hits])
         cols["kb_texts"].append([str(h["text"]) for h in hits])
-        cols["kb_context"].append(render_context(hits, kb.max_context_chars))
-        answer = faq_answer(hits, kb.faq_min_score)
+        cols["kb_context"].append(render_context(hits, kb.max_context_chars,
+                                                 sentences=kb.context_sentences))
+        answer = faq_answer(found, kb.faq_min_score)
         cols["kb_answer"].append(answer[0] if answer else None)
         cols["kb_answer_id"].append(answer[1] if answer else None)
     return cols

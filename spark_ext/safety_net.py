@@ -25,8 +25,9 @@ from spark_ext.answers import answers_for_lost
 
 logger = logging.getLogger(__name__)
 
-#: What the net keeps of a request (the answer row needs these).
-KEPT_COLUMNS = ("request_id", "trace_id", "priority", "enqueue_ts", "submit_ts", "deadline_ts")
+#: What the net keeps of a request (the answer row needs these; ``kb_ids`` only with L2).
+KEPT_COLUMNS = ("request_id", "trace_id", "priority", "enqueue_ts", "submit_ts", "deadline_ts",
+                "kb_ids")
 
 
 class SafetyNet:

@@ -26,8 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="replace an earlier demo's output in --out")
     demo.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
     demo.add_argument("--max-tokens", type=int, default=48)
-    demo.add_argument("--l1l2", action="store_true",
-                      help="L1 routing (MiniLM + classifier) and L2 retrieval (Milvus Lite)")
+    demo.add_argument("--l1l2", action=argparse.BooleanOptionalAction, default=True,
+                      help="L1 routing (MiniLM + classifier), L2 retrieval (Milvus Lite) and "
+                           "the feature lookup (on by default; --no-l1l2: every event to "
+                           "the LLM)")
     demo.add_argument("--rollout", choices=["full", "canary", "shadow", "offline"],
                       default="full", help="rollout.mode of the pipeline (README 'Rolling out')")
     demo.add_argument("--canary-share", type=float, default=0.1,

@@ -65,8 +65,9 @@ class DemoOptions:
     overwrite: bool = False
     """Replace the output of an earlier demo in ``out`` (never a folder the demo did not make)."""
 
-    l1l2: bool = False
-    """Run L1 routing and L2 retrieval (router and knowledge base built into ``out/l1l2``)."""
+    l1l2: bool = True
+    """Run L1 routing, L2 retrieval and the feature lookup (router, knowledge base and
+    feature table built into ``out/l1l2``, see :mod:`sts_harness.l1l2_demo`)."""
 
     rollout: str = "full"
     """The pipeline's ``rollout.mode`` (``full``, ``canary``, ``shadow``, ``offline``)."""
@@ -107,7 +108,8 @@ def sample_replayer(folder: Path, rate: float, duration: float, samples: list[di
         cycle = itertools.cycle(samples)
         run = f"{start_ms}-" if unique_ids else ""
         return [{"event_id": f"{s['ticket_id']}-{run}{i:06d}", "text": s["text"],
-                 "priority": s["priority"], "event_ts": start_ms + round(at * 1000)}
+                 "priority": s["priority"], "event_ts": start_ms + round(at * 1000),
+                 "customer_id": s.get("customer_id")}
                 for i, (at, s) in enumerate(zip(arrivals, cycle))]
 
     return EventReplayer(folder, arrivals, make_events)
@@ -166,12 +168,20 @@ def prepare_out(out: Path, *, overwrite: bool, command: str = "sts demo",
     (out / marker).write_text(f"written by {command}\n", encoding="utf-8")
 
 
-def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -> dict:
+#: Answer sources, in the order the summary shows them.
+SOURCES = ("llm", "fallback", "backfill", "rule", "kb")
+
+
+def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
+              fast_path: dict | None = None) -> dict:
     """The demo's summary figures from the answers table rows; each figure has one meaning.
 
     ``llm_within_sla``: per priority, the share of events answered by the model by their
     deadline. ``fallbacks_by_reason``: why the events still answered by the fallback got
     it (a fallback that a late model answer replaced counts as ``backfill``, not here).
+    ``retrieval``: L1/L2's routes and hit rates (:meth:`FastPathStats.summary`), with
+    ``without_llm``, the share of answers that needed no LLM (``rule`` + ``kb``), and
+    ``with_kb_ids``, per source the answers that name the articles they used.
     """
     by_source = collections.Counter(a["answer_source"] for a in answers)
     fallbacks = collections.Counter(a.get("reason") or a["status"] for a in answers
@@ -187,10 +197,21 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -
         llm_within_sla[p] = {"events": len(mine), "llm_on_time": on_time,
                              "share": on_time / len(mine) if mine else None}
     hit_rate = stats.get("prefixCacheHitRate")
+    retrieval = None
+    if fast_path is not None:
+        with_ids = collections.Counter(a["answer_source"] for a in answers
+                                       if a.get("kb_ids") is not None)
+        without_llm = by_source.get("rule", 0) + by_source.get("kb", 0)
+        retrieval = fast_path | {
+            "without_llm": round(without_llm / len(answers), 4) if answers else None,
+            "with_kb_ids": {s: f"{with_ids.get(s, 0)}/{by_source[s]}"
+                            for s in SOURCES if by_source.get(s)}}
     return {
         "events": events,
         "answers": len(answers),
-        "answers_by_source": dict(by_source),
+        "answers_by_source": {s: by_source.get(s, 0) for s in SOURCES}
+        | {s: n for s, n in by_source.items() if s not in SOURCES},
+        "retrieval": retrieval,
         "fallbacks_by_reason": dict(fallbacks),
         "llm_within_sla": llm_within_sla,
         "latency_ms_by_priority": latency,
@@ -201,6 +222,17 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict) -
         # absent (None) when the engine reports no prefix-cache lookups at all
         "prefix_cache_hit_rate": hit_rate if stats.get("promptTokensTotal") else None,
     }
+
+
+def batch_durations(queries: list) -> dict[str, dict[str, float | None]]:
+    """Per query: P50/P99 (ms) and count of its recent micro-batches that had input
+    (Spark keeps the last 100 progress updates of a query)."""
+    out = {}
+    for q in queries:
+        ms = [p.durationMs.get("triggerExecution") for p in q.recentProgress
+              if p.numInputRows and p.durationMs.get("triggerExecution") is not None]
+        out[q.name] = percentiles(ms, (50, 99), digits=0) | {"n": len(ms)}
+    return out
 
 
 def run_demo(opts: DemoOptions) -> dict:
@@ -227,6 +259,10 @@ def run_demo(opts: DemoOptions) -> dict:
         sidecar = stack.enter_context(SidecarProcess(
             out / "results", ["--engine", opts.engine, "--sidecar-id", "demo-sidecar",
                               "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8",
+                              # whole 32-token KV blocks are what prefix caching shares
+                              # (vLLM's CPU default of 128 shares none of a short prompt)
+                              *(["--engine-arg", "block_size=32"] if opts.engine == "vllm"
+                                else []),
                               "--set", f"server.token_file={json.dumps(str(token_file))}"],
             log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
             security=ClientSecurity(token_file=str(token_file))))
@@ -249,14 +285,16 @@ def run_demo(opts: DemoOptions) -> dict:
         print("Starting Spark (local[2]) ...", flush=True)
         spark = stack.enter_context(session_scope("sts-demo"))
         high, normal, low = opts.sla_ms
-        fast_path = {}
+        fast_path: dict = {}
+        source: dict = {"path": str(out / "events")}
         if opts.l1l2:
-            from sts_harness.l1l2_demo import prepare_fast_path
+            from sts_harness.l1l2_demo import DEMO_SCHEMA, prepare_fast_path
 
             fast_path = prepare_fast_path(out)
+            source["schema"] = DEMO_SCHEMA
         config = PipelineConfig.from_dict({
             **fast_path,
-            "source": {"path": str(out / "events")},
+            "source": source,
             "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
                         "max_tokens": opts.max_tokens},
             "sidecar": {"endpoint": target, "results_dir": str(out / "results"),
@@ -320,13 +358,15 @@ def run_demo(opts: DemoOptions) -> dict:
         except Exception:  # the sidecar is gone
             stats = {}
         answers = pipeline.store.read("answers").to_pylist()
-        summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats)
+        summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats,
+                            fast_path=pipeline.fast_path_stats.summary() if opts.l1l2 else None)
         summary["incomplete"] = failure
         from sts_harness.rollout_report import rollout_shares
 
         summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")
                                             .to_pylist(), mode=opts.rollout,
                                             canary_share=opts.canary_share)
+        summary["batch_ms"] = batch_durations(pipeline.queries)
         from sts_harness.demo_plots import plot_demo
 
         high, normal, low = opts.sla_ms
@@ -350,6 +390,17 @@ def print_summary(summary: dict) -> None:
     print(f"events replayed      {summary['events']}")
     print(f"answers              {summary['answers']}  by source {summary['answers_by_source']}")
     print(f"fallbacks by cause   {summary['fallbacks_by_reason'] or '{}'}")
+    if (r := summary.get("retrieval")) is not None:
+        def share(x: float | None) -> str:
+            return f"{x:.0%}" if x is not None else "n/a"
+
+        top = r["mean_top_score"]
+        print(f"L1/L2 routes         {r['routes']}; answered without the LLM (rule + kb) "
+              f"{share(r['without_llm'])}")
+        print(f"retrieval            hit rate {share(r['hit_share'])} (an article at or above "
+              f"the score threshold), FAQ answers {share(r['kb_share'])}, mean top-1 score "
+              f"{f'{top:.2f}' if top is not None else 'n/a'}")
+        print(f"answers with kb_ids  {r['with_kb_ids']}")
     for p, v in summary["llm_within_sla"].items():
         share = f"{v['share']:.0%}" if v["share"] is not None else "n/a"
         lat = summary["latency_ms_by_priority"][p]
@@ -367,6 +418,10 @@ def print_summary(summary: dict) -> None:
     print(f"engine               {summary['engine']}, "
           f"{summary['engine_output_tokens_per_s'] or 0:.0f} output tokens/s (last 10 s), "
           f"prefix-cache hit rate {f'{hit:.1%}' if hit is not None else 'not reported'}")
+    for name, v in (summary.get("batch_ms") or {}).items():
+        if v.get("n"):
+            print(f"micro-batches {name:<12} {v['n']} with input, P50 {v['p50']:.0f} ms, "
+                  f"P99 {v['p99']:.0f} ms")
     print("where the time went (answers of the model and fallbacks):")
     for line in format_hops(summary["hops_ms"]):
         print("  " + line)

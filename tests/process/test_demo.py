@@ -15,6 +15,7 @@ def test_samples_are_realistic_and_mixed() -> None:
     assert len(samples) >= 200
     assert {s["priority"] for s in samples} == {"high", "normal", "low"}
     assert len({s["ticket_id"] for s in samples}) == len(samples)
+    assert all(s["customer_id"] for s in samples)  # the feature lookup's key
 
 
 @pytest.mark.slow
@@ -39,7 +40,13 @@ def test_demo_answers_every_event_once_with_llm_and_fallback(tmp_path: Path,
     assert summary["latency_ms_by_priority"]["high"]["n"] > 0
     assert summary["llm_within_sla"]["high"]["llm_on_time"] == 0
     assert summary["hops_ms"]["event -> answer landed"]["n"] == sum(
-        a["answer_source"] != "backfill" for a in answers)
+        a["answer_source"] in ("llm", "fallback") for a in answers)  # hops of the LLM path
+    # L1 + L2 run by default: FAQ tickets are answered from the knowledge base, and every
+    # answer of the model, the fallback or the knowledge base names the articles it used.
+    assert summary["answers_by_source"]["kb"] > 0 and summary["retrieval"]["hit_share"] > 0.5
+    assert all(a["kb_ids"] is not None for a in answers
+               if a["answer_source"] in ("llm", "fallback", "kb")), answers
+    assert all(a["reason"] == f"kb:{a['kb_ids']}" for a in answers if a["answer_source"] == "kb")
     # The plots are written next to the tables and listed in the summary.
     assert [Path(p).name for p in summary["plots"]] == ["latency_over_time.png",
                                                          "answers_by_source.png"]

@@ -5,6 +5,7 @@ opens a database, so these tests live with the process tests."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -203,6 +204,27 @@ def test_l1_train_bad_input(tmp_path: Path, capsys) -> None:
         RouterModel.load(tmp_path / "other.json")
 
 
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("\n\n", r"no labelled examples \(the file is empty\)"),
+    ('{"text": "hi", "priority": "low", "route": "rule"}\nnot json\n[2]\n'
+     '{"text": "", "priority": "low", "route": "rule"}\n{"text": "x", "priority": "low"}\n',
+     r"4 bad lines: line 2: not a JSON object .*; line 3: not a JSON object; line 4: text .*; "
+     r"line 5: missing 'route'"),
+], ids=["missing", "empty", "malformed"])
+def test_l1_train_bad_file_one_line_with_line_numbers_nothing_written(
+        tmp_path: Path, capsys, content: str | None, message: str) -> None:
+    path = tmp_path / "labelled.jsonl"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    out = tmp_path / "model" / "router.json"
+    assert sts(["l1", "train", "--input", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sts l1 train: ") and len(err.splitlines()) == 1, err
+    assert re.search(message, err), err
+    assert not out.exists() and not list(tmp_path.glob("model/*"))
+
+
 # ------------------------------------------------------------------ in Spark
 
 
@@ -322,3 +344,52 @@ def test_fast_path_with_rules_only_needs_no_model(spark) -> None:
                                                         "text_column": "subject"}})
     with pytest.raises(PipelineConfigError, match="share one embedding"):
         apply_fast_path(df, both)
+
+
+# ------------------------------------------------------------------ feature lookup
+
+
+def test_feature_lookup_joins_a_delta_table_that_rules_use(spark, tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from pyspark.sql import functions as F
+
+    from spark_ext.config import FeaturesConfig
+    from spark_ext.exceptions import PipelineConfigError
+    from spark_ext.features import join_features
+    from spark_ext.routing import apply_rules
+
+    table = tmp_path / "customers"
+    write_deltalake(str(table), pa.table({"customer_id": ["c1", "c2"],
+                                          "tier": ["enterprise", "free"],
+                                          "open_tickets": pa.array([0, 4], pa.int32())}))
+    events = spark.createDataFrame(
+        [("e1", "c1", "low"), ("e2", "c2", "low"), ("e3", "c9", "low"), ("e4", None, "normal")],
+        "event_id STRING, customer_id STRING, priority STRING")
+    features = FeaturesConfig(enabled=True, table=str(table))
+    joined = join_features(events, features, spark).withColumn("route", F.lit("llm"))
+    rules = RoutingConfig(rules=[{"when": "tier = 'enterprise'", "priority": "high"},
+                                 {"when": "open_tickets >= 3", "priority": "normal"}])
+    # a small table is inlined as a map, a big one broadcast-joined: the same rows
+    joined_big = join_features(events, FeaturesConfig(enabled=True, table=str(table),
+                                                      max_inline_rows=1), spark)
+    for df in (joined, joined_big.withColumn("route", F.lit("llm"))):
+        out = {r.event_id: (r.tier, r.open_tickets, r.priority)
+               for r in apply_rules(df, rules).collect()}
+        # one row per event: unknown and missing customers keep null features and priority
+        assert out == {"e1": ("enterprise", 0, "high"), "e2": ("free", 4, "normal"),
+                       "e3": (None, None, "low"), "e4": (None, None, "normal")}
+    for config, message in [
+            (FeaturesConfig(enabled=True, table=str(tmp_path / "none")), "no readable Delta"),
+            (FeaturesConfig(enabled=True, table=str(table), key="account"), "not a column of"),
+            (FeaturesConfig(enabled=True, table=str(table), columns=["segment"]), "not in the")]:
+        with pytest.raises(PipelineConfigError, match=message):
+            join_features(events, config, spark)
+    write_deltalake(str(table), pa.table({"customer_id": ["c1", "c1"], "tier": ["a", "b"],
+                                          "open_tickets": pa.array([0, 1], pa.int32())}),
+                    mode="overwrite")
+    with pytest.raises(PipelineConfigError, match="repeats"):
+        join_features(events, features, spark)
+    with pytest.raises(PipelineConfigError, match="features.table must name"):
+        PipelineConfig.from_dict({"features": {"enabled": True}})
+

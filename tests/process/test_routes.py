@@ -94,7 +94,8 @@ def test_demo_from_the_venv_sts_with_another_python3_first_on_path(tmp_path: Pat
     env = _path_with_a_wrong_python3(tmp_path)
     out = tmp_path / "demo"
     demo = subprocess.run([str(BIN / "sts"), "demo", "--engine", "simulated", "--rate", "4",
-                           "--duration", "4", "--out", str(out)], cwd=tmp_path, env=env,
+                           "--duration", "4", "--out", str(out), "--no-l1l2"],
+                          cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=400)
     assert demo.returncode == 0, (demo.stdout + demo.stderr)[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -113,7 +114,8 @@ def test_demo_stops_at_once_with_one_line_when_its_sidecar_dies(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
     demo = subprocess.Popen([str(BIN / "sts"), "demo", "--engine", "simulated", "--rate", "4",
-                             "--duration", "60", "--out", str(out)], cwd=tmp_path, env=env,
+                             "--duration", "60", "--out", str(out), "--no-l1l2"], cwd=tmp_path,
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
