@@ -116,7 +116,7 @@ def test_demo_rollout_shares(spark, tmp_path: Path, mode: str) -> None:
     share = 0.3
     opts = DemoOptions(rate=10.0, duration=2.0, out=str(tmp_path / "demo"), engine="simulated",
                        max_tokens=8, sla_ms=(120_000, 120_000, 120_000), drain_timeout_s=30.0,
-                       rollout=mode, canary_share=share)
+                       rollout=mode, canary_share=share, l1l2=False)
     summary = run_demo(opts)
     assert summary["incomplete"] is None
     answers = read_event_table(summary["tables"]["answers"]).to_pylist()
