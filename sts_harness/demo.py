@@ -242,10 +242,9 @@ def run_demo(opts: DemoOptions) -> dict:
     from google.protobuf.json_format import MessageToDict
 
     from sidecar import prepare_default_model
-    from sidecar.contract import ClientSecurity
     from spark_ext.config import PipelineConfig
     from spark_ext.exceptions import PipelineFailedError
-    from sts_harness.process import SidecarProcess, write_token_file
+    from sts_harness.process import start_local_sidecar
 
     out = Path(opts.out).expanduser().resolve()
     prepare_out(out, overwrite=opts.overwrite)
@@ -254,18 +253,11 @@ def run_demo(opts: DemoOptions) -> dict:
 
     stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar
     try:
-        print(f"Starting sidecar ({opts.engine}); log: {out / 'sidecar.log'}", flush=True)
-        token_file = write_token_file(out / "sidecar-token")  # the secure path, end to end
-        sidecar = stack.enter_context(SidecarProcess(
-            out / "results", ["--engine", opts.engine, "--sidecar-id", "demo-sidecar",
-                              "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8",
-                              # whole 32-token KV blocks are what prefix caching shares
-                              # (vLLM's CPU default of 128 shares none of a short prompt)
-                              *(["--engine-arg", "block_size=32"] if opts.engine == "vllm"
-                                else []),
-                              "--set", f"server.token_file={json.dumps(str(token_file))}"],
-            log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
-            security=ClientSecurity(token_file=str(token_file))))
+        sidecar, token_file = start_local_sidecar(
+            stack, out, opts.engine, "demo-sidecar",
+            # whole 32-token KV blocks are what prefix caching shares (vLLM's CPU
+            # default of 128 shares none of a short prompt)
+            ["--engine-arg", "block_size=32"] if opts.engine == "vllm" else [])
         client = sidecar.client
         assert client is not None
         target = sidecar.target

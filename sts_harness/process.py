@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -133,3 +135,22 @@ class SidecarProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def start_local_sidecar(stack: contextlib.ExitStack, out: Path, engine: str, sidecar_id: str,
+                        extra_args: Sequence[str] = ()) -> tuple[SidecarProcess, Path]:
+    """The sidecar ``sts demo`` and ``sts validate`` start for themselves, entered on ``stack``.
+
+    ``engine`` running 8 sequences, results in ``out/results``, its log in
+    ``out/sidecar.log``, and a bearer token in ``out/sidecar-token`` that the client
+    presents (the secure path, end to end). Returns the process and the token file.
+    """
+    token_file = write_token_file(out / "sidecar-token")
+    print(f"Starting sidecar ({engine}); log: {out / 'sidecar.log'}", flush=True)
+    sidecar = stack.enter_context(SidecarProcess(
+        out / "results", ["--engine", engine, "--sidecar-id", sidecar_id,
+                          "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8", *extra_args,
+                          "--set", f"server.token_file={json.dumps(str(token_file))}"],
+        log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
+        security=ClientSecurity(token_file=str(token_file))))
+    return sidecar, token_file

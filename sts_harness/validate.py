@@ -121,10 +121,9 @@ def run_validate(opts: ValidateOptions) -> dict:
 
     from deltalake import write_deltalake
 
-    from sidecar.contract import ClientSecurity
     from spark_ext.offline import run_offline
     from spark_ext.session import session_scope
-    from sts_harness.process import SidecarProcess, write_token_file
+    from sts_harness.process import start_local_sidecar
     from sts_harness.rollout_report import priority_table
 
     with contextlib.ExitStack() as stack:
@@ -138,14 +137,8 @@ def run_validate(opts: ValidateOptions) -> dict:
                 from sidecar import prepare_default_model
 
                 print(f"Model: {prepare_default_model()}", flush=True)
-            token_file = write_token_file(out / "sidecar-token")
-            print(f"Starting sidecar ({opts.engine}); log: {out / 'sidecar.log'}", flush=True)
-            sidecar = stack.enter_context(SidecarProcess(
-                out / "results", ["--engine", opts.engine, "--sidecar-id", "validate-sidecar",
-                                  "--max-in-flight", "8", "--engine-arg", "max_num_seqs=8",
-                                  "--set", f"server.token_file={json.dumps(str(token_file))}"],
-                log_path=out / "sidecar.log", start_timeout_s=300, stop_timeout_s=60,
-                security=ClientSecurity(token_file=str(token_file))))
+            sidecar, token_file = start_local_sidecar(stack, out, opts.engine,
+                                                      "validate-sidecar")
             config.sidecar = dataclasses.replace(  # ours: plaintext loopback, its token
                 config.sidecar, endpoint=sidecar.target, gpu_endpoint=None, launch="none",
                 results_dir=str(out / "results"), token_file=str(token_file), token_env=None,
