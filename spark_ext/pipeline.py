@@ -117,7 +117,10 @@ def local_checkpoint_manager(spark: SparkSession) -> str | None:
     """
     if spark.conf.get(_CHECKPOINT_MANAGER, None):
         return None
-    jvm = getattr(spark.sparkContext, "_jvm", None)
+    try:
+        jvm = spark.sparkContext._jvm  # Spark Connect has no JVM gateway here
+    except Exception:  # noqa: BLE001 - then Spark keeps its own manager
+        return None
     for name in _FILESYSTEM_MANAGERS:
         try:
             jvm.java.lang.Class.forName(name)
