@@ -55,6 +55,7 @@ from benchmarks.gateway_sidecar import (
     pinned_sidecar,
 )
 from sidecar.contract import write_text_atomically
+from sidecar.event_loop import EVENT_LOOPS
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gateway_overhead.json"
@@ -75,7 +76,7 @@ def _or_nan(x: float | None) -> float:
 
 def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | None, *,
         latency_samples: int = 200, latency_interval_s: float = 0.005,
-        sidecar_core: int | None = None) -> dict:
+        sidecar_core: int | None = None, event_loop: str = "auto") -> dict:
     """Run the benchmark and return (and, with ``out``, write) the JSON result.
 
     While it runs, every thread of this process is pinned to the cores other
@@ -89,6 +90,8 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
         latency_samples: Single-request submits in the added-latency run.
         latency_interval_s: Spacing of those submits.
         sidecar_core: Core to pin the sidecar to (default: the lowest usable core).
+        event_loop: The sidecar's ``server.event_loop`` (``auto``: uvloop where
+            installed).
 
     Returns:
         ``{"machine", "settings", "throughput": [one dict per batch size],
@@ -119,7 +122,7 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
                     "deadline_in_ms": DEADLINE_MS},
         "latency_samples": latency_samples, "latency_interval_ms": latency_interval_s * 1000,
         "warmup_s": _WARMUP_S, "sidecar_max_in_flight": MAX_IN_FLIGHT,
-        "sidecar_settings": SIDECAR_SETTINGS,
+        "sidecar_settings": SIDECAR_SETTINGS, "event_loop": event_loop,
     }
     result: dict[str, Any] = {"benchmark": "gateway_overhead",
                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -127,7 +130,7 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
     with tempfile.TemporaryDirectory(prefix="sts-gateway-bench-") as tmp:
         _log("starting the sidecar pinned to core %d (client cores %s)", core,
              sorted(client_cores))
-        with pinned_sidecar(Path(tmp), core) as sidecar, \
+        with pinned_sidecar(Path(tmp), core, event_loop) as sidecar, \
                 ThreadPoolExecutor(threads, thread_name_prefix="bench-client") as pool:
             assert sidecar.client is not None
             _log("sidecar serving on %s", sidecar.target)
@@ -223,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="spacing of those submits (default 5)")
     parser.add_argument("--sidecar-core", type=int, default=None,
                         help="core to pin the sidecar to (default: lowest usable core)")
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto",
+                        help="the sidecar's server.event_loop (default auto: uvloop where "
+                             "installed)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"JSON result (default {DEFAULT_OUT.relative_to(REPO)})")
     args = parser.parse_args(argv)
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.duration, args.batch_sizes, args.threads, args.out,
                      latency_samples=args.latency_samples,
                      latency_interval_s=args.latency_interval_ms / 1000.0,
-                     sidecar_core=args.sidecar_core)
+                     sidecar_core=args.sidecar_core, event_loop=args.event_loop)
     except (BenchmarkError, ValueError) as e:
         print(f"gateway_overhead: {e}", file=sys.stderr)
         return 1

@@ -51,10 +51,11 @@ class BenchmarkError(RuntimeError):
     """The benchmark could not run (sidecar failed to start, died or refused work)."""
 
 
-def sidecar_args(workdir: Path) -> list[str]:
+def sidecar_args(workdir: Path, event_loop: str = "auto") -> list[str]:
     """Flags of the child ``sts sidecar`` (``--listen`` and ``--results-dir`` come from
     :class:`~sts_harness.process.SidecarProcess`). An empty config file keeps the
-    benchmark independent of ``conf/sidecar.yaml``."""
+    benchmark independent of ``conf/sidecar.yaml``; ``event_loop`` is its
+    ``server.event_loop``."""
     config = workdir / "sidecar.yaml"
     config.write_text("# gateway_overhead: built-in defaults plus --set overrides\n")
     args = ["--config", str(config), "--engine", "simulated",
@@ -62,17 +63,19 @@ def sidecar_args(workdir: Path) -> list[str]:
             "--drain-timeout", "5"]
     for key, value in SIDECAR_SETTINGS.items():
         args += ["--set", f"{key}={json.dumps(value)}"]
-    return args
+    return args + ["--set", f"server.event_loop={event_loop}"]
 
 
 @contextlib.contextmanager
-def pinned_sidecar(workdir: Path, core: int | None) -> Iterator[SidecarProcess]:
-    """The benchmark's sidecar, pinned to ``core``, stopped (SIGTERM, then kill) on exit.
+def pinned_sidecar(workdir: Path, core: int | None,
+                   event_loop: str = "auto") -> Iterator[SidecarProcess]:
+    """The benchmark's sidecar, pinned to ``core``, on the ``event_loop`` kind, stopped
+    (SIGTERM, then kill) on exit.
 
     Raises:
         BenchmarkError: It exited before serving or did not serve within 120 s.
     """
-    sidecar = SidecarProcess(workdir / "results", sidecar_args(workdir),
+    sidecar = SidecarProcess(workdir / "results", sidecar_args(workdir, event_loop),
                              start_timeout_s=120.0, stop_timeout_s=15.0,
                              log_path=workdir / "sidecar.log",
                              cpus={core} if core is not None else None)

@@ -11,6 +11,7 @@ changes it less than wall time.
 
 Example:
     PYTHONPATH=. python scripts/gateway_inprocess.py --requests 100000 --batch 64
+    PYTHONPATH=. python scripts/gateway_inprocess.py --loop asyncio   # without uvloop
     PYTHONPATH=. python scripts/gateway_inprocess.py --profile cprofile   # top functions
     PYTHONPATH=. python scripts/gateway_inprocess.py --profile pyinstrument  # pip install pyinstrument
     PYTHONPATH=. python scripts/gateway_inprocess.py --trace otlp  # every request traced,
@@ -35,6 +36,8 @@ from benchmarks.gateway_sidecar import MAX_IN_FLIGHT, SIDECAR_SETTINGS
 from sidecar.config import SidecarConfig
 from sidecar.contract import TRACEPARENT, format_traceparent
 from sidecar.engines import build_engine
+from sidecar.event_loop import EVENT_LOOPS
+from sidecar.event_loop import run as run_event_loop
 from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.result_writer import ParquetResultWriter
@@ -123,7 +126,7 @@ async def _run(requests: int, batch: int, results_dir: str,
         reply.SerializeToString()
         submit_cpu += clock() - t0
         await asyncio.sleep(0)  # let the dispatcher and the engine run, as between RPCs
-    await scheduler._idle.wait()
+    await scheduler.wait_idle()
     t0 = time.process_time()
     await writer.flush()
     if tracer is not None:  # every span exported, on this process's CPU
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="otlp: every request carries a sampled traceparent; spans go by "
                         "OTLP/gRPC to `sts trace receive` in a child process; unsampled: "
                         "tracing on, every traceparent's sampled flag off")
+    p.add_argument("--loop", choices=EVENT_LOOPS, default="auto",
+                   help="event loop, as the sidecar's server.event_loop (default auto: uvloop "
+                        "where installed)")
     p.add_argument("--split", action="store_true",
                    help="also report the CPU time of the SubmitBatch calls alone")
     args = p.parse_args(argv)
@@ -170,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             sampler = Profiler(interval=0.0002, async_mode="disabled")
             sampler.start()
         with tempfile.TemporaryDirectory() as tmp:
-            cpu, wall, rows = asyncio.run(_run(args.requests, args.batch, tmp, profiler,
-                                               args.trace, args.split))
+            cpu, wall, rows = run_event_loop(_run(args.requests, args.batch, tmp, profiler,
+                                                  args.trace, args.split), args.loop)
         if sampler:
             sampler.stop()
             print(sampler.output_text(unicode=False, color=False, show_all=False))

@@ -115,9 +115,8 @@ def _run_model_prepare(args: argparse.Namespace) -> int:
 
 
 def _run_sidecar(args: argparse.Namespace) -> int:
-    import asyncio
-
     from sidecar.config import SidecarConfig
+    from sidecar.event_loop import run as run_event_loop
     from sidecar.exceptions import ConfigError
     from sidecar.server import serve
 
@@ -148,7 +147,8 @@ def _run_sidecar(args: argparse.Namespace) -> int:
     if args.engine_arg:
         config.engine.engine_args.update(_parse_pairs(args.engine_arg, "--engine-arg"))
     try:
-        asyncio.run(serve(config, gc_tuning=True))  # this process is the sidecar's own
+        # This process is the sidecar's own: its event loop and GC settings are ours.
+        run_event_loop(serve(config, gc_tuning=True), config.server.event_loop)
     except KeyboardInterrupt:  # a second Ctrl-C while draining
         return 130
     return 0

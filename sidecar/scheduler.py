@@ -135,8 +135,9 @@ class Scheduler:
         """Per queued request: (estimated wait at admission, monotonic admission time)."""
         self._waiters: dict[str, asyncio.Future[ResultRecord]] = {}
         self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        """Callers of :meth:`wait_idle` (checked only while there are any: an event
+        cleared and set again by every request cost a tenth of its bookkeeping)."""
         self._sole_pool: Pool | None = None
         """Set by :meth:`_next_request`: the pool of its pick when no other could start."""
         self._dispatcher: asyncio.Task[None] | None = None
@@ -287,7 +288,6 @@ class Scheduler:
         self._queue_timers[req.request_id] = self._timers.call_later(
             min(delay_deadline, delay_queue), self._expire_queued, req,
             delay_deadline <= delay_queue)
-        self._idle.clear()
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
@@ -725,9 +725,24 @@ class Scheduler:
             waiter.set_result(record)
         self._update_idle()
 
+    def idle(self) -> bool:
+        """Nothing queued and nothing in the engine (late work included)."""
+        return not self._in_flight_total and not self.load.total_queued()
+
+    async def wait_idle(self) -> None:
+        """Return once :meth:`idle` holds (at once when it does already)."""
+        if self.idle():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(waiter)
+        await waiter
+
     def _update_idle(self) -> None:
-        if not self._in_flight_total and not self.load.total_queued():
-            self._idle.set()
+        if self._idle_waiters and self.idle():
+            for waiter in self._idle_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._idle_waiters.clear()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -767,7 +782,7 @@ class Scheduler:
             self._abort_late(req, "sidecar is draining")
         try:
             async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
+                await self.wait_idle()
         except TimeoutError:
             logger.warning("Drain timed out after %.1fs; aborting %d running and %d queued.",
                            timeout_s, len(self._tasks), self.load.total_queued())

@@ -32,6 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sidecar.config import SidecarConfig
 from sidecar.engines import build_engine
 from sidecar.exceptions import ConfigError, EngineDeadError
+from sidecar.event_loop import running_loop_name
 from sidecar.interceptors import ExceptionInterceptor
 from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2, inference_pb2_grpc
@@ -248,9 +249,10 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
                    else health_pb2.HealthCheckResponse.NOT_SERVING)
         for name in _HEALTH_NAMES:
             await health_servicer.set(name, serving)
-        logger.info("Sidecar %s serving %s (%s engine, model %s, warm-up %.2f s) on %s (%s%s); "
-                    "results in %s.", sidecar_id, SERVICE_NAME, engine.kind, engine.model_name,
-                    warmup_s, server_cfg.listen, "TLS" if credentials else "plaintext",
+        logger.info("Sidecar %s serving %s (%s engine, model %s, warm-up %.2f s, %s event "
+                    "loop) on %s (%s%s); results in %s.", sidecar_id, SERVICE_NAME, engine.kind,
+                    engine.model_name, warmup_s, running_loop_name(), server_cfg.listen,
+                    "TLS" if credentials else "plaintext",
                     ", token required" if token else "", config.results.results_dir)
         print(f"sts sidecar ready on {server_cfg.listen}", flush=True)
 

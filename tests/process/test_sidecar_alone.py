@@ -45,7 +45,7 @@ def test_building_the_cli_imports_no_engine_or_spark_module() -> None:
 @pytest.mark.timeout(300)
 def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -> None:
     """Build the wheel, install it with its base dependencies only into a fresh venv, and
-    run ``sts sidecar --engine simulated`` from it: a request gets its result."""
+    run ``sts sidecar --engine simulated`` from it: a request gets its result, on uvloop."""
     dist, venv = tmp_path / "dist", tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(dist), str(REPO)], check=True, timeout=180)
@@ -76,6 +76,9 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
             assert client.stats().engine == "simulated"
         proc.terminate()
         assert proc.wait(30) == 0
+        log = proc.stdout.read()
+        # uvloop comes with the base install, and `server.event_loop: auto` runs on it.
+        assert "uvloop event loop" in log, log[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()

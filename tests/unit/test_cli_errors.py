@@ -68,6 +68,8 @@ CONFIG_FILE_CASES = {
     "bad engine kind": ("engine: {kind: tgi}\n", r"^sts: self.kind='tgi' must be one of"),
     "bad socket mode": ("server: {socket_mode: '0999'}\n",
                         r"^sts: server.socket_mode='0999' must be an octal mode"),
+    "unknown event loop": ("server: {event_loop: trio}\n",
+                           r"^sts: server.event_loop='trio' must be one of \('auto', "),
     "cert without key": ("server: {tls_cert_file: c.pem}\n",
                          r"^sts: server.tls_cert_file and server.tls_key_file go together"),
 }
