@@ -99,7 +99,9 @@ def _closed_loop(stub: pb_grpc.InferenceStub, prefix: str, batch_size: int, star
         out.last_done = time.perf_counter()
         out.rpc_s.append(out.last_done - t0)
         for ack in reply.acks:
-            if ack.accepted:
+            if ack.duplicate:  # a replayed id costs no engine work: never counted
+                out.refused["DUPLICATE"] = out.refused.get("DUPLICATE", 0) + 1
+            elif ack.accepted:
                 out.accepted += 1
             else:
                 name = pb.RefusalReason.Name(ack.reason)

@@ -150,11 +150,12 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
                      lat["received_to_finish_ms"]["mean"],
                      _or_nan(lat["finish_to_visible_ms"]["mean"]))
                 result["throughput"] = []
-                for size in batch_sizes:
+                for window, size in enumerate(batch_sizes):
                     _log("batch %d: %d thread(s) for %.1f s", size, threads, duration_s)
                     pin_threads(client_cores)
-                    row = throughput(sidecar, stubs, size, duration_s, f"b{size}", pool,
-                                     len(client_cores))
+                    # Ids unique per window: a batch size given twice is new work again.
+                    row = throughput(sidecar, stubs, size, duration_s, f"w{window}-b{size}",
+                                     pool, len(client_cores))
                     if row["refused"]:
                         raise BenchmarkError(f"batch {size}: sidecar refused requests "
                                              f"{row['refused']}; the engine is not absorbing")
