@@ -45,7 +45,7 @@ from typing import Any
 
 import grpc
 
-from benchmarks.cpu_accounting import machine_info, pin_threads
+from benchmarks.cpu_accounting import machine_info, pin_threads, reference_cpu_ms
 from benchmarks.gateway_load import PROMPT, added_latency, make_stub, throughput
 from benchmarks.gateway_sidecar import (
     DEADLINE_MS,
@@ -127,6 +127,12 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
     result: dict[str, Any] = {"benchmark": "gateway_overhead",
                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                               "machine": machine_info(), "settings": settings}
+    # How fast this machine runs Python now, on the sidecar's core (shared VMs vary).
+    pin_threads({core})
+    reference = {"before_ms": reference_cpu_ms()}
+    pin_threads(original)
+    result["machine"]["reference_cpu_ms"] = reference
+    _log("reference workload on core %d: %.1f ms CPU", core, reference["before_ms"])
     with tempfile.TemporaryDirectory(prefix="sts-gateway-bench-") as tmp:
         _log("starting the sidecar pinned to core %d (client cores %s)", core,
              sorted(client_cores))
@@ -172,6 +178,11 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
                 for channel, _ in channels:
                     channel.close()
                 pin_threads(original)
+    pin_threads({core})
+    reference["after_ms"] = reference_cpu_ms()
+    pin_threads(original)
+    _log("reference workload on core %d after the run: %.1f ms CPU", core,
+         reference["after_ms"])
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if out is not None:
         write_text_atomically(out, json.dumps(result, indent=2) + "\n")
@@ -194,6 +205,11 @@ def format_table(result: dict) -> str:
             f"{r['ack_us_per_request']['p50']:>10.1f} {r['ack_us_per_request']['p99']:>10.1f} "
             f"{r['completed_per_s']:>9.0f} {r['backlog_at_end']:>7} {cpu:>11} {us_text:>10} "
             f"{r['client_cpu_util']:>10.0%}")
+    ref = result["machine"].get("reference_cpu_ms")
+    if ref:
+        lines.append(f"(reference workload on the sidecar's core: {ref['before_ms']:.1f} ms CPU "
+                     f"before, {ref.get('after_ms', float('nan')):.1f} ms after; higher: a "
+                     "slower machine at the time)")
     lat = result["added_latency"]
     lines.append(f"\nadded latency, {lat['samples']} single requests "
                  f"{lat['interval_ms']:.0f} ms apart (ms; row timestamps have 1 ms resolution):")
