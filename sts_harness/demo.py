@@ -171,13 +171,18 @@ def prepare_out(out: Path, *, overwrite: bool, command: str = "sts demo",
 #: Answer sources, in the order the summary shows them.
 SOURCES = ("llm", "fallback", "backfill", "rule", "kb")
 
+#: Sources of events that L1/L2 answered without the model.
+_ANSWERED_BY_L1L2 = ("rule", "kb")
+
 
 def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
               fast_path: dict | None = None) -> dict:
     """The demo's summary figures from the answers table rows; each figure has one meaning.
 
     ``llm_within_sla``: per priority, the share of events answered by the model by their
-    deadline. ``fallbacks_by_reason``: why the events still answered by the fallback got
+    deadline, and (``to_llm``, ``share_of_to_llm``) that share among the events L1/L2
+    left to the model (not answered by a ``rule`` or from the knowledge base): with
+    L1/L2 on, the first share is capped by routing, the second is the scheduler's. ``fallbacks_by_reason``: why the events still answered by the fallback got
     it (a fallback that a late model answer replaced counts as ``backfill``, not here).
     ``retrieval``: L1/L2's routes and hit rates (:meth:`FastPathStats.summary`), with
     ``without_llm``, the share of answers that needed no LLM (``rule`` + ``kb``), and
@@ -194,8 +199,11 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
                if a["answer_source"] != "backfill" and a["latency_ms"] is not None]
         latency[p] = percentiles(lat, (50, 95, 99), digits=None) | {"n": len(lat)}
         on_time = sum(1 for a in mine if a["answer_source"] == "llm" and a["deadline_met"])
+        to_llm = sum(1 for a in mine if a["answer_source"] not in _ANSWERED_BY_L1L2)
         llm_within_sla[p] = {"events": len(mine), "llm_on_time": on_time,
-                             "share": on_time / len(mine) if mine else None}
+                             "share": on_time / len(mine) if mine else None,
+                             "to_llm": to_llm,
+                             "share_of_to_llm": on_time / to_llm if to_llm else None}
     hit_rate = stats.get("prefixCacheHitRate")
     retrieval = None
     if fast_path is not None:
@@ -393,13 +401,19 @@ def print_summary(summary: dict) -> None:
               f"the score threshold), FAQ answers {share(r['kb_share'])}, mean top-1 score "
               f"{f'{top:.2f}' if top is not None else 'n/a'}")
         print(f"answers with kb_ids  {r['with_kb_ids']}")
+    routed = summary.get("retrieval") is not None
     for p, v in summary["llm_within_sla"].items():
         share = f"{v['share']:.0%}" if v["share"] is not None else "n/a"
         lat = summary["latency_ms_by_priority"][p]
         figures = ", ".join(f"{k} {x:.0f} ms" for k, x in lat.items()
                             if k != "n" and x is not None)
-        print(f"{p:<7} LLM within SLA {v['llm_on_time']:>4}/{v['events']:<4} ({share:>4})  "
-              f"latency {figures}")
+        of_llm = ""
+        if routed:  # L1/L2 answered some events itself: the model's share of the rest
+            to_llm = v.get("share_of_to_llm")
+            of_llm = (f", {v['llm_on_time']}/{v.get('to_llm', 0)} left to the LLM "
+                      f"({f'{to_llm:.0%}' if to_llm is not None else 'n/a'})")
+        print(f"{p:<7} LLM within SLA {v['llm_on_time']:>4}/{v['events']:<4} ({share:>4})"
+              f"{of_llm}  latency {figures}")
     if "rollout" in summary:
         from sts_harness.rollout_report import format_rollout
 

@@ -25,9 +25,15 @@ def test_summary_counts_every_source_and_the_retrieval_figures(capsys) -> None:
     r = summary["retrieval"]
     assert r["without_llm"] == 0.6 and r["hit_share"] == 0.8
     assert r["with_kb_ids"] == {"llm": "1/1", "fallback": "1/1", "rule": "0/1", "kb": "2/2"}
+    # normal: 5 events, 3 answered by L1/L2 (2 kb, 1 rule), 2 left to the LLM, 1 on time.
+    sla = summary["llm_within_sla"]["normal"]
+    assert (sla["events"], sla["to_llm"], sla["llm_on_time"]) == (5, 2, 1)
+    assert sla["share"] == 0.2 and sla["share_of_to_llm"] == 0.5
+    assert summary["llm_within_sla"]["high"]["share_of_to_llm"] is None  # no high events
     summary |= {"tables": {}, "plots": [], "incomplete": None}
     print_summary(summary)
     out = capsys.readouterr().out
+    assert "normal  LLM within SLA    1/5    ( 20%), 1/2 left to the LLM (50%)" in out
     assert "answered without the LLM (rule + kb) 60%" in out
     assert "hit rate 80%" in out and "FAQ answers 40%" in out and "top-1 score 0.71" in out
     assert summarize(answers, events=5, wall_s=1.0, stats={})["retrieval"] is None
