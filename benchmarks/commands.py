@@ -26,10 +26,15 @@ def _run_bench(args: argparse.Namespace) -> int:
         from benchmarks.bench import run_bench_command
     except ImportError as e:
         return _missing(e, "bench")
+    from spark_ext.exceptions import SparkStartError
+
     try:
         return run_bench_command(args)
     except (FileNotFoundError, ValueError) as e:  # a profile or option that does not fit
         raise ConfigError(f"{' '.join(str(e).split())} (sts bench)") from None
+    except SparkStartError as e:
+        print(f"sts: {e} (sts bench)", file=sys.stderr)
+        return 1
 
 
 def _run_plan(args: argparse.Namespace) -> int:

@@ -52,3 +52,9 @@ class SidecarLaunchError(StsSparkError, RuntimeError):
     Unrecoverable until fixed: its log (named in the message) says why, e.g. bad
     ``launch_args`` or an endpoint already taken.
     """
+
+
+class SparkStartError(StsSparkError, RuntimeError):
+    """A local Spark session could not start: Java is missing or the JVM exited before
+    PySpark could reach it (the message says which). Sometimes transient (memory, a
+    port); retry, and check ``java -version`` and ``JAVA_HOME``."""

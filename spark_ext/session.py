@@ -8,20 +8,32 @@ import os
 import sys
 from collections.abc import Iterator
 
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
+
+from spark_ext.exceptions import SparkStartError
 
 
 def local_session(app_name: str, *, cores: int = 2) -> SparkSession:
     """A ``local[cores]`` session for the STS queries: few shuffle partitions, no UI, and
-    Python workers on this interpreter (unless ``PYSPARK_PYTHON`` says otherwise)."""
+    Python workers on this interpreter (unless ``PYSPARK_PYTHON`` says otherwise).
+
+    Raises:
+        SparkStartError: Java is missing or the JVM exited before it served.
+    """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     pin_python_workers()
-    session = (builder
-               .config("spark.sql.shuffle.partitions", str(cores))
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .getOrCreate())
+    try:
+        session = (builder
+                   .config("spark.sql.shuffle.partitions", str(cores))
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
+                   .getOrCreate())
+    except (PySparkException, OSError) as e:  # the JVM did not come up
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()),
+                      type(e).__name__)
+        raise SparkStartError(f"Spark did not start: {reason}") from e
     session.sparkContext.setLogLevel("ERROR")
     quiet_py4j()
     return session

@@ -110,7 +110,7 @@ def _run_validate(args: argparse.Namespace) -> int:
         print(f"sts: needs module {e.name!r}; {SPARK_EXTRA_HINT} (sts validate)",
               file=sys.stderr)
         return 2
-    from spark_ext.exceptions import InputFileError, PipelineConfigError
+    from spark_ext.exceptions import InputFileError, PipelineConfigError, SparkStartError
 
     keys = [k.strip() for k in args.key_columns.split(",") if k.strip()] \
         if args.key_columns else None
@@ -125,6 +125,9 @@ def _run_validate(args: argparse.Namespace) -> int:
             ValueError) as e:
         print(f"sts: {' '.join(str(e).split())} (sts validate)", file=sys.stderr)
         return 2
+    except SparkStartError as e:
+        print(f"sts: {e} (sts validate)", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 
@@ -145,11 +148,16 @@ def _run_demo(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2
+    from spark_ext.exceptions import SparkStartError
+
     try:
         summary = run_demo(opts)
     except (FileExistsError, NotADirectoryError) as e:
         print(f"sts: {e} (sts demo)", file=sys.stderr)
         return 2
+    except SparkStartError as e:
+        print(f"sts: {e} (sts demo)", file=sys.stderr)
+        return 1
     print_summary(summary)
     if summary.get("incomplete"):
         print(f"sts demo: {summary['incomplete']}", file=sys.stderr)

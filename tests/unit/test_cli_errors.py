@@ -223,3 +223,20 @@ def test_a_sidecar_that_does_not_start_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in message
     assert message.startswith("Server exited unexpectedly: sts: config file not found (")
     assert message.endswith(f"({tmp_path / 'results.log'})")
+
+
+@pytest.mark.timeout(120)
+def test_a_spark_that_does_not_start_is_one_line(tmp_path: Path) -> None:
+    """``sts demo`` whose JVM cannot start (no Java at ``JAVA_HOME``): one line and exit
+    code 1, not PySpark's traceback. In a child process: this one may hold a session."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run([sys.executable, "-m", "sidecar.cli", "demo", "--engine", "simulated",
+                           "--duration", "1", "--out", str(tmp_path / "demo")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = _one_line(done.stderr)
+    assert line.startswith("sts: Spark did not start: ") and line.endswith("(sts demo)"), line
