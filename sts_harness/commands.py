@@ -101,6 +101,12 @@ def _run_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fail(e: BaseException | str, command: str, code: int) -> int:
+    """Print the one-line error ``sts: <what> (sts <command>)``; return ``code``."""
+    print(f"sts: {' '.join(str(e).split())} (sts {command})", file=sys.stderr)
+    return code
+
+
 def _run_validate(args: argparse.Namespace) -> int:
     try:
         import pyspark  # noqa: F401
@@ -123,11 +129,9 @@ def _run_validate(args: argparse.Namespace) -> int:
         summary = run_validate(opts)
     except (InputFileError, PipelineConfigError, FileExistsError, NotADirectoryError,
             ValueError) as e:
-        print(f"sts: {' '.join(str(e).split())} (sts validate)", file=sys.stderr)
-        return 2
+        return _fail(e, "validate", 2)
     except SparkStartError as e:
-        print(f"sts: {e} (sts validate)", file=sys.stderr)
-        return 1
+        return _fail(e, "validate", 1)
     print_summary(summary)
     return 0
 
@@ -146,18 +150,15 @@ def _run_demo(args: argparse.Namespace) -> int:
                            overwrite=args.overwrite, l1l2=args.l1l2,
                            rollout=args.rollout, canary_share=args.canary_share)
     except ValueError as e:
-        print(f"sts: {e} (sts demo)", file=sys.stderr)
-        return 2
+        return _fail(e, "demo", 2)
     from spark_ext.exceptions import SparkStartError
 
     try:
         summary = run_demo(opts)
     except (FileExistsError, NotADirectoryError) as e:
-        print(f"sts: {e} (sts demo)", file=sys.stderr)
-        return 2
+        return _fail(e, "demo", 2)
     except SparkStartError as e:
-        print(f"sts: {e} (sts demo)", file=sys.stderr)
-        return 1
+        return _fail(e, "demo", 1)
     print_summary(summary)
     if summary.get("incomplete"):
         print(f"sts demo: {summary['incomplete']}", file=sys.stderr)
