@@ -116,6 +116,7 @@ def _run_model_prepare(args: argparse.Namespace) -> int:
 
 def _run_sidecar(args: argparse.Namespace) -> int:
     from sidecar.config import SidecarConfig
+    from sidecar.event_loop import loop_factory
     from sidecar.event_loop import run as run_event_loop
     from sidecar.exceptions import ConfigError
     from sidecar.server import serve
@@ -146,6 +147,10 @@ def _run_sidecar(args: argparse.Namespace) -> int:
         raise ConfigError(f"{' '.join(str(e).split())} (--set)") from None
     if args.engine_arg:
         config.engine.engine_args.update(_parse_pairs(args.engine_arg, "--engine-arg"))
+    try:
+        loop_factory(config.server.event_loop)  # e.g. uvloop asked for, not installed
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     try:
         # This process is the sidecar's own: its event loop and GC settings are ours.
         run_event_loop(serve(config, gc_tuning=True), config.server.event_loop)

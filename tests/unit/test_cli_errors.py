@@ -240,3 +240,15 @@ def test_a_spark_that_does_not_start_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr[-3000:]
     line = _one_line(done.stderr)
     assert line.startswith("sts: Spark did not start: ") and line.endswith("(sts demo)"), line
+
+
+def test_uvloop_asked_for_but_missing_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop -> ImportError
+    rc, err = _run(capsys, ["sidecar", "--engine", "simulated",
+                            "--set", "server.event_loop=uvloop"])
+    assert rc == 2
+    assert _one_line(err) == ("sts: server.event_loop='uvloop' but uvloop is not installed "
+                              "(pip install uvloop, or use 'auto' or 'asyncio')")
