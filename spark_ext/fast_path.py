@@ -19,6 +19,7 @@ A rule that routes ``llm`` explicitly does not stop the FAQ short-circuit; ``rul
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,6 +46,30 @@ def enabled(config: PipelineConfig) -> bool:
     return config.routing.enabled or config.knowledge_base.enabled
 
 
+def _model_file(config: PipelineConfig) -> str | None:
+    """The L1 classifier's file (absolute), or ``None`` when routing uses no model."""
+    routing = config.routing
+    return str(Path(routing.model_file).resolve()) \
+        if routing.enabled and routing.model_file else None
+
+
+def open_in_worker(config: PipelineConfig) -> str:
+    """Load what the fast path keeps per Python process: the embedding model, the L1
+    classifier and this process's knowledge-base reader (each cached, so a second call
+    costs nothing). Returns the device the model is on."""
+    from spark_ext.embedding import load_encoder, task_device
+    from spark_ext.knowledge_base import shared_reader
+    from spark_ext.routing import cached_model
+
+    device = task_device(config.embedding.device)
+    load_encoder(config.embedding, device)
+    if model_file := _model_file(config):
+        cached_model(model_file)
+    if config.knowledge_base.enabled:
+        shared_reader(config.knowledge_base)
+    return device
+
+
 #: Spark type of the L1 part of the fused UDF.
 _L1_TYPE = ("priority string, route string, priority_confidence float, "
             "route_confidence float")
@@ -59,14 +84,13 @@ def fast_path_udf(config: PipelineConfig) -> Any:
     import numpy as np
     from pyspark.sql import functions as F
 
-    from spark_ext.embedding import embed_texts, load_encoder, task_device
+    from spark_ext.embedding import embed_texts
     from spark_ext.knowledge_base import KnowledgeBaseReader, shared_reader
     from spark_ext.retrieval import RETRIEVAL_TYPE, retrieval_rows
     from spark_ext.routing import RouterModel, cached_model
 
     embedding, kb = config.embedding, config.knowledge_base
-    model_file = str(Path(config.routing.model_file).resolve()) \
-        if config.routing.enabled and config.routing.model_file else None
+    model_file = _model_file(config)
     if model_file:
         RouterModel.load(model_file)  # fail on the driver, not in a task
     if kb.enabled:
@@ -75,8 +99,7 @@ def fast_path_udf(config: PipelineConfig) -> Any:
 
     @F.pandas_udf(", ".join(parts))  # type: ignore[call-overload]
     def l1l2(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
-        device = task_device(embedding.device)
-        load_encoder(embedding, device)
+        device = open_in_worker(config)
         for texts in batches:
             x = embed_texts(texts.tolist(), embedding, device=device)
             cols: dict[str, Any] = {}
@@ -142,8 +165,32 @@ def warm_up(spark: "SparkSession", config: PipelineConfig) -> None:
     columns = list(dict.fromkeys([config.routing.text_column,
                                   config.knowledge_base.text_column, "priority"]))
     rows = [tuple("normal" if c == "priority" else "hello" for c in columns)] * n
-    df = spark.createDataFrame(rows, ", ".join(f"`{c}` STRING" for c in columns)).repartition(n)
-    apply_fast_path(df, config).write.format("noop").mode("overwrite").save()
+    schema = ", ".join(f"`{c}` STRING" for c in columns)
+    # One row in each of n partitions (repartition(n) may leave one empty: a task that
+    # opens nothing).
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, n), schema)
+    out = apply_fast_path(df, config)
+    # Spark pools its Python workers and hands an idle one to any Python operator of any
+    # query (the results source, the submission, this UDF), so a worker that never ran
+    # the UDF may get it inside a micro-batch and open the model and the knowledge base
+    # there (measured: 0.4-0.7 s each, in the first micro-batches). Each chained
+    # operator below holds a worker of its own while its task runs, and opens them too.
+    for _ in range(WARM_WORKERS_PER_TASK - 1):
+        out = out.mapInArrow(functools.partial(_open_then_pass, config), out.schema)
+    out.write.format("noop").mode("overwrite").save()
+
+
+#: Python workers per task slot that :func:`warm_up` opens the fast path in: the fast
+#: path's UDF, the submission's ``mapInArrow`` and the results source can each hold one.
+WARM_WORKERS_PER_TASK = 3
+
+
+def _open_then_pass(config: PipelineConfig, batches: Iterator[pa.RecordBatch]
+                    ) -> Iterator[pa.RecordBatch]:
+    """A ``mapInArrow`` body that opens the fast path in its worker
+    (:func:`open_in_worker`) and passes the rows through."""
+    open_in_worker(config)
+    yield from batches
 
 
 def fast_answers(rows: Iterable[Mapping[str, Any]], *, key_columns: list[str], rule_text: str

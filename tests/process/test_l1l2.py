@@ -393,3 +393,23 @@ def test_feature_lookup_joins_a_delta_table_that_rules_use(spark, tmp_path: Path
     with pytest.raises(PipelineConfigError, match="features.table must name"):
         PipelineConfig.from_dict({"features": {"enabled": True}})
 
+
+
+def test_warm_up_opens_the_fast_path_in_every_worker_a_task_slot_holds(
+        spark, tmp_path: Path) -> None:
+    """Spark hands any idle Python worker to any Python operator, so the warm-up opens
+    the model and the knowledge base in as many workers as a task slot can hold at once
+    (the UDF, the submission, the results source), one task per core: each opening
+    shows as a reader snapshot named after its process."""
+    import hashlib
+
+    from spark_ext import fast_path
+    from spark_ext.knowledge_base import _SNAPSHOT_ROOT
+
+    kb = KnowledgeBaseConfig(enabled=True, uri=str(tmp_path / "kb.db"))  # opened nowhere yet
+    build_knowledge_base(ARTICLES, kb, EMB)
+    tag = hashlib.sha1(str(Path(kb.uri)).encode()).hexdigest()[:10]
+    fast_path.warm_up(spark, PipelineConfig(knowledge_base=kb, embedding=EMB))
+    pids = {d.name.split("-")[0] for d in _SNAPSHOT_ROOT.glob(f"*-{tag}-*")}
+    slots = spark.sparkContext.defaultParallelism
+    assert len(pids) >= 3 * slots, pids  # the UDF, the submission, the results source
