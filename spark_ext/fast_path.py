@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 FINAL_ROUTES: tuple[str, ...] = ("llm", "rule", "drop", "kb")
 #: ``status`` of the answer row of a dropped event.
 DROPPED = "dropped"
+#: Retrieval columns only L2's own answers use: not sent with, nor recorded for,
+#: a submitted request (``kb_ids`` is, as an attribute).
+KB_ONLY_COLUMNS: tuple[str, ...] = ("kb_texts", "kb_context", "kb_answer", "kb_answer_id")
 
 
 def enabled(config: PipelineConfig) -> bool:
@@ -56,10 +59,12 @@ def _model_file(config: PipelineConfig) -> str | None:
 def open_in_worker(config: PipelineConfig) -> str:
     """Load what the fast path keeps per Python process: the embedding model, the L1
     classifier and this process's knowledge-base reader (each cached, so a second call
-    costs nothing). Returns the device the model is on."""
+    costs nothing), then freeze them out of the per-task garbage collection
+    (:mod:`spark_ext.worker_gc`). Returns the device the model is on."""
     from spark_ext.embedding import load_encoder, task_device
     from spark_ext.knowledge_base import shared_reader
     from spark_ext.routing import cached_model
+    from spark_ext.worker_gc import freeze_loaded
 
     device = task_device(config.embedding.device)
     load_encoder(config.embedding, device)
@@ -67,6 +72,9 @@ def open_in_worker(config: PipelineConfig) -> str:
         cached_model(model_file)
     if config.knowledge_base.enabled:
         shared_reader(config.knowledge_base)
+    # PySpark collects garbage after every task: not through the model each time.
+    freeze_loaded(f"fast_path {config.embedding.model} {_model_file(config)} "
+                  f"{config.knowledge_base.uri if config.knowledge_base.enabled else ''}")
     return device
 
 

@@ -140,8 +140,7 @@ def run_offline(spark: SparkSession, events: pa.Table, config: PipelineConfig, *
                                             "served_source": a["answer_source"],
                                             "status": a["status"], "reason": a["reason"]})
     to_llm = requests.filter(is_llm).drop_columns(
-        [c for c in ("kb_texts", "kb_context", "kb_answer", "kb_answer_id")
-         if c in requests.column_names])
+        [c for c in fast_path.KB_ONLY_COLUMNS if c in requests.column_names])
     carried = [*keys, *([KB_IDS] if KB_IDS in to_llm.column_names else [])]
     reader = _ResultReader(config.sidecar.results_dir, run_id)
     for start in range(0, to_llm.num_rows, wave):

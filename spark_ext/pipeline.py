@@ -4,9 +4,10 @@ Two streaming queries, neither of which waits on the model, plus two driver-side
 tickers:
 
 ``sts-submit``   events -> L1/L2 tagging -> SubmitBatch (``mapInArrow``) -> ack rows,
-                 materialised once per micro-batch: the ``requests`` table, a fallback
-                 answer at once for every refused request, and the accepted ones handed
-                 to the safety net.
+                 materialised once per micro-batch (one Spark job): the rule/kb answers
+                 of the events L1/L2 answered (they pass through the submission
+                 unsent) and a fallback for every refused request in one commit, the
+                 ``requests`` table, and the accepted ones handed to the safety net.
 ``sts-answers``  the sidecar's result rows (:mod:`spark_ext.results_source`) -> the
                  ``results`` table and, statelessly, the answers: ``ok`` -> ``llm``,
                  anything else -> ``fallback``; an ``ok`` row for a request already
@@ -73,6 +74,9 @@ _FILESYSTEM_MANAGERS = (
 
 #: Request attribute naming the pipeline that submitted it (echoed on its result).
 PIPELINE_ATTRIBUTE = "sts.pipeline"
+
+#: Boolean column of the routed submit query: whether the row goes to the sidecar.
+_SUBMIT_COLUMN = "_sts_submit"
 
 
 #: A line naming an exception, as Python and the JVM print them (``OSError: disk full``).
@@ -229,72 +233,83 @@ class StsPipeline:
 
     # -------------------------------------------------------------- batch writers
 
-    def _write_submitted(self, batch: DataFrame, batch_id: int) -> pa.Table:
-        table = batch.toArrow()  # the one materialisation: one SubmitBatch per request
-        if table.num_rows == 0:
-            return table
+    def _write_submitted(self, batch: DataFrame, batch_id: int) -> None:
+        """Every event went to the sidecar: record the ack rows (one materialisation)."""
+        self._record_acks(batch.toArrow(), batch_id, answers=[])
+
+    def _record_acks(self, table: pa.Table, batch_id: int, *, answers: list[dict]) -> None:
+        """Answers first (``answers`` plus a fallback for every refusal, one Delta
+        commit), then the ``requests`` table; the accepted requests go to the safety net."""
         self.submitted += table.num_rows
+        answers_cfg = self.config.answers
+        refusals = table
+        if table.num_rows and ARM_COLUMN in table.column_names:  # shadow: answered (rule)
+            shadow = pc.fill_null(pc.equal(table.column(ARM_COLUMN), "shadow"), False)
+            self.shadow.record_refusals(table.filter(shadow),
+                                        fallback_text=answers_cfg.fallback_text,
+                                        app_id=self._app_id("submit", "shadow"), version=batch_id)
+            refusals = table.filter(pc.invert(shadow))
+        answers = answers + answers_from_refusals(
+            refusals, key_columns=self.config.tagging.key_columns,
+            fallback_text=answers_cfg.fallback_text)
+        if answers:
+            self.store.record_answers(answers, app_id=self._app_id("submit", "answers"),
+                                      version=batch_id)
+        if table.num_rows == 0:
+            return
         self.store.append("requests", table, app_id=self._app_id("submit", "requests"),
                           version=batch_id)
-        answers = self.config.answers
-        if ARM_COLUMN in table.column_names:  # shadow requests: answered already (rule)
-            shadow = pc.fill_null(pc.equal(table.column(ARM_COLUMN), "shadow"), False)
-            self.shadow.record_refusals(table.filter(shadow), fallback_text=answers.fallback_text,
-                                        app_id=self._app_id("submit", "shadow"), version=batch_id)
-            table = table.filter(pc.invert(shadow))
-        self.store.record_answers(
-            answers_from_refusals(table, key_columns=self.config.tagging.key_columns,
-                                  fallback_text=answers.fallback_text),
-            app_id=self._app_id("submit", "answers"), version=batch_id)
-        accepted = table.filter(pc.fill_null(table.column("accepted"), False))
+        accepted = refusals.filter(pc.fill_null(refusals.column("accepted"), False))
         keep = [c for c in (*KEPT_COLUMNS, *self.config.tagging.key_columns)
                 if c in accepted.column_names]
         self.safety_net.watch(accepted.select(list(dict.fromkeys(keep))).to_pylist())
-        return table
 
-    def _write_fast_path_then_submit(self, batch: DataFrame, batch_id: int) -> None:
-        """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once; only
-        ``llm`` ones are submitted. The batch is computed once (persisted). With a
-        rollout mode, ``rule``/``shadow`` arm events get the rule answer at once and
-        only ``llm``/``shadow`` ones are submitted (:mod:`spark_ext.rollout`)."""
+    def _routed_acks(self, events: DataFrame | None = None) -> DataFrame:
+        """L1/L2 or a rollout mode on: every request row, with ack columns where it was
+        submitted (route ``llm``, and the ``llm``/``shadow`` arm) and null ones where it
+        was not, from one ``mapInArrow`` (:func:`~spark_ext.submit.submit_requests`)."""
         from pyspark.sql import functions as F
 
-        batch = batch.persist()
-        try:
-            mode = self.config.rollout.mode
-            extra = {PIPELINE_ATTRIBUTE: self.pipeline_id}
-            if ARM_COLUMN in batch.columns:
-                held = batch.where(F.col(ARM_COLUMN).isin("rule", "shadow")).drop("prompt")
-                if (held_rows := held.toArrow()).num_rows:
-                    self.store.record_answers(
-                        rollout_answers(held_rows.to_pylist(), mode=mode,
-                                        key_columns=self.config.tagging.key_columns,
-                                        rule_text=self.config.answers.fallback_text),
-                        app_id=self._app_id("submit", "rollout"), version=batch_id)
-                batch_to_llm = batch.where(F.col(ARM_COLUMN).isin("llm", "shadow"))
-                if mode == "shadow":
-                    extra[SHADOW_ATTRIBUTE] = "1"
-            direct = (batch.where(F.col("route") != "llm").drop("prompt").toArrow()
-                      if fast_path.enabled(self.config) else pa.table({}))  # else all `llm`
-            if direct.num_rows:
-                self.fast_path_stats.add(direct)
-            if direct.num_rows:
-                self.store.record_answers(
-                    fast_path.fast_answers(direct.to_pylist(),
-                                           key_columns=self.config.tagging.key_columns,
-                                           rule_text=self.config.routing.rule_text),
-                    app_id=self._app_id("submit", "fast-path"), version=batch_id)
-            to_llm = (batch_to_llm if ARM_COLUMN in batch.columns
-                      else batch.where(F.col("route") == "llm")).drop(
-                *[c for c in ("kb_texts", "kb_context", "kb_answer", "kb_answer_id")
-                  if c in batch.columns])
-            carried = [*self.config.tagging.key_columns,
-                       *([KB_IDS] if KB_IDS in to_llm.columns else [])]
-            self.fast_path_stats.add(self._write_submitted(submit_requests(
-                to_llm, self.config.sidecar, carried, extra,
-                traceparent_column=self.config.tagging.traceparent), batch_id))
-        finally:
-            batch.unpersist()
+        requests = self.requests(events)
+        chosen = F.col("route") == "llm" if "route" in requests.columns else F.lit(True)
+        extra = {PIPELINE_ATTRIBUTE: self.pipeline_id}
+        if ARM_COLUMN in requests.columns:
+            chosen = chosen & F.col(ARM_COLUMN).isin("llm", "shadow")
+            if self.config.rollout.mode == "shadow":
+                extra[SHADOW_ATTRIBUTE] = "1"
+        carried = [*self.config.tagging.key_columns,
+                   *([KB_IDS] if KB_IDS in requests.columns else [])]
+        requests = requests.withColumn(_SUBMIT_COLUMN, F.coalesce(chosen, F.lit(False)))
+        return submit_requests(requests, self.config.sidecar, carried, extra,
+                               traceparent_column=self.config.tagging.traceparent,
+                               submit_when=_SUBMIT_COLUMN)
+
+    def _write_routed(self, batch: DataFrame, batch_id: int) -> None:
+        """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once, ``llm``
+        ones were submitted in the same job (:meth:`_routed_acks`). With a rollout
+        mode, ``rule``/``shadow`` arm events get the rule answer at once (``shadow``
+        ones were submitted too, :mod:`spark_ext.rollout`). One Spark job, one commit
+        to ``answers`` and one to ``requests`` per micro-batch."""
+        table = batch.toArrow()
+        if table.num_rows == 0:
+            return
+        keys = self.config.tagging.key_columns
+        answers: list[dict] = []
+        if fast_path.enabled(self.config):
+            self.fast_path_stats.add(table)
+            direct = table.filter(pc.fill_null(pc.not_equal(table.column("route"), "llm"), True))
+            answers += fast_path.fast_answers(direct.to_pylist(), key_columns=keys,
+                                              rule_text=self.config.routing.rule_text)
+        if ARM_COLUMN in table.column_names:
+            held = table.filter(pc.fill_null(
+                pc.is_in(table.column(ARM_COLUMN), pa.array(["rule", "shadow"])), False))
+            answers += rollout_answers(held.to_pylist(), mode=self.config.rollout.mode,
+                                       key_columns=keys,
+                                       rule_text=self.config.answers.fallback_text)
+        submitted = table.filter(pc.fill_null(table.column(_SUBMIT_COLUMN), False))
+        dropped = [c for c in (_SUBMIT_COLUMN, *fast_path.KB_ONLY_COLUMNS)
+                   if c in table.column_names]
+        self._record_acks(submitted.drop_columns(dropped), batch_id, answers=answers)
 
     def _write_results(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
@@ -389,8 +404,7 @@ class StsPipeline:
             if fast_path.enabled(self.config) or self.config.rollout.mode != "full":
                 if fast_path.enabled(self.config):
                     fast_path.warm_up(self.spark, self.config)
-                submit = self._start(self.requests(events), "submit",
-                                     self._write_fast_path_then_submit)
+                submit = self._start(self._routed_acks(events), "submit", self._write_routed)
             else:
                 submit = self._start(self.acks(events), "submit", self._write_submitted)
         except BaseException:

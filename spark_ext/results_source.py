@@ -44,6 +44,7 @@ from pyspark.sql.datasource import (
 )
 
 from sidecar.contract import RESULT_SCHEMA, parse_result_file_name
+from spark_ext.worker_gc import freeze_loaded
 
 logger = logging.getLogger(__name__)
 
@@ -245,6 +246,7 @@ class ResultsStreamReader(DataSourceStreamReader):
         return [_FilesPartition(paths[i:i + step]) for i in range(0, len(paths), step)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        freeze_loaded("results_source")  # its imports: out of the per-task GC
         for path in partition.paths:  # type: ignore[attr-defined]
             try:
                 table = conform(pq.read_table(path))

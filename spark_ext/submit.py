@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -24,6 +25,7 @@ from spark_ext.exceptions import SidecarAuthError
 from spark_ext.schemas import spark_schema
 from spark_ext.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
 from spark_ext.tracing import SubmitSpans, driver_otel_env, task_tracing
+from spark_ext.worker_gc import freeze_loaded
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +64,17 @@ def _refused(n: int, reason: str, detail: str, now: int, endpoint: str) -> dict[
 def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig,
                    attribute_columns: Sequence[str] = (),
                    extra_attributes: Mapping[str, str] | None = None,
-                   otel_env: Mapping[str, str] | None = None, traceparent_column: str = ""
-                   ) -> Iterator[pa.RecordBatch]:
+                   otel_env: Mapping[str, str] | None = None, traceparent_column: str = "",
+                   submit_when: str | None = None) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body: submit each batch, yield it with ack columns (no prompt).
 
+    With ``submit_when`` (a boolean column) only the rows where it is true are
+    submitted; the others pass through with null ack columns, so one job both
+    submits the LLM-routed rows and returns the rows L1/L2 answered.
+
     Each request carries ``attributes`` (``extra_attributes`` plus ``attribute_columns``
-    as strings; the sidecar echoes them on the result row) and ``submit_ts``. Acks are matched to rows by
-    ``request_id``, not by position. With tracing on (``otel_env``, the driver's
+    as strings; the sidecar echoes them on the result row) and ``submit_ts``. Acks are
+    matched to rows by ``request_id``, not by position. With tracing on (``otel_env``, the driver's
     ``OTEL_*`` variables, or the worker's own) each request also carries its
     ``traceparent`` and the L1 spans are written (:mod:`spark_ext.tracing`)."""
     import grpc
@@ -77,11 +83,17 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     from sidecar.contract import now_ms
     from sidecar.pb.sts.v1 import inference_pb2 as pb
 
+    freeze_loaded("submit")  # its imports: out of the per-task GC
     endpoint = task_sidecar(config)  # started first if launch: lazy and not serving
     client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
     tracing = task_tracing(otel_env or {})
     try:
         for batch in batches:
+            if submit_when is not None:
+                chosen = pc.fill_null(batch.column(submit_when), False)
+                if (passed := batch.filter(pc.invert(chosen))).num_rows:
+                    yield _not_submitted(passed)
+                batch = batch.filter(chosen)
             for start in range(0, batch.num_rows, config.max_batch):
                 chunk = batch.slice(start, config.max_batch)
                 rows = chunk.to_pylist()
@@ -135,6 +147,14 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
             tracing.flush_soon()
 
 
+def _not_submitted(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` without ``prompt``, with null ack columns (rows not submitted)."""
+    keep = [n for n in batch.schema.names if n != "prompt"]
+    arrays = [batch.column(n) for n in keep]
+    arrays += [pa.nulls(batch.num_rows, f.type) for f in ACK_SCHEMA]
+    return pa.RecordBatch.from_arrays(arrays, names=keep + ACK_SCHEMA.names)
+
+
 def _check_ack_identity(rows: list[dict], acks: Sequence) -> None:
     """One ack per row, in order, each naming its row's request (a request without an
     id is refused with an empty one).
@@ -159,7 +179,8 @@ def ack_schema(requests: DataFrame) -> StructType:
 def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
                     attribute_columns: Sequence[str] = (),
                     extra_attributes: Mapping[str, str] | None = None, *,
-                    traceparent_column: str | None = None) -> DataFrame:
+                    traceparent_column: str | None = None,
+                    submit_when: str | None = None) -> DataFrame:
     """Send every request row to the sidecar; return one ack row per request.
 
     The output keeps the input columns except ``prompt`` and adds ``accepted``,
@@ -167,7 +188,9 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     ``endpoint`` and ``sidecar_fallback_text`` (the sidecar pool's rule answer,
     set on refusals; L4 prefers it to the pipeline's own fallback text). With tracing
     on, ``trace_id`` holds the W3C trace id and ``traceparent_column`` names the
-    events' own trace context (README "Tracing").
+    events' own trace context (README "Tracing"). With ``submit_when`` (a boolean
+    column) only the rows where it is true are submitted; the others come out with
+    null ack columns (``accepted`` null means "not submitted").
 
     Usage::
 
@@ -178,7 +201,7 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     config = for_tasks(config)
     otel, parent = driver_otel_env(), traceparent_column or ""
     return requests.mapInArrow(
-        lambda it: submit_batches(it, config, columns, extra, otel, parent),
+        lambda it: submit_batches(it, config, columns, extra, otel, parent, submit_when),
         ack_schema(requests))
 
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from sidecar.cli import main as sts
@@ -350,7 +351,6 @@ def test_fast_path_with_rules_only_needs_no_model(spark) -> None:
 
 
 def test_feature_lookup_joins_a_delta_table_that_rules_use(spark, tmp_path: Path) -> None:
-    import pyarrow as pa
     from deltalake import write_deltalake
     from pyspark.sql import functions as F
 
@@ -413,3 +413,25 @@ def test_warm_up_opens_the_fast_path_in_every_worker_a_task_slot_holds(
     pids = {d.name.split("-")[0] for d in _SNAPSHOT_ROOT.glob(f"*-{tag}-*")}
     slots = spark.sparkContext.defaultParallelism
     assert len(pids) >= 3 * slots, pids  # the UDF, the submission, the results source
+
+    # PySpark collects garbage after every task of a reused worker: what the fast path
+    # loaded is frozen out of it in each worker that opened it, never in the driver.
+    import gc
+
+    from spark_ext.worker_gc import freeze_loaded
+
+    def report(batches):
+        import os
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"pid": [str(os.getpid())],
+                                          "frozen": [gc.get_freeze_count()]})
+
+    frozen_before = gc.get_freeze_count()
+    assert freeze_loaded("test") is False and gc.get_freeze_count() == frozen_before
+    seen = (spark.range(4 * slots, numPartitions=4 * slots)
+            .mapInArrow(report, "pid string, frozen long").toArrow().to_pylist())
+    warm = [r for r in seen if r["pid"] in pids]
+    assert warm, (seen, pids)
+    assert all(r["frozen"] > 100_000 for r in warm), warm  # torch, the model, the reader

@@ -86,6 +86,14 @@ def _sim_sidecar(tmp: Path, name: str, *extra: str, port: int | None = None) -> 
     return sidecar
 
 
+def test_the_local_session_runs_the_quick_jit_compiler_only(spark) -> None:
+    """C2's compiling took ~40 % of the demo's one Spark core; a local session runs C1."""
+    from spark_ext.session import LOCAL_JAVA_OPTIONS
+
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert LOCAL_JAVA_OPTIONS in list(runtime.getInputArguments())
+
+
 def test_template_with_dynamic_fields_first_is_refused() -> None:
     with pytest.raises(TemplateOrderError, match="empty"):
         PromptTemplate.from_string("{text}\nYou are a support assistant. Answer briefly.")

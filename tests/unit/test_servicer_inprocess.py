@@ -4,7 +4,9 @@ test's own event loop, a scheduler on a fast simulated engine, a real channel.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -30,7 +32,9 @@ def _request(rid: str, **kw) -> pb.InferenceRequest:
     return pb.InferenceRequest(**fields)
 
 
-async def _serve(body) -> list[ResultRecord]:
+@contextlib.asynccontextmanager
+async def _server() -> AsyncIterator[tuple[str, list[ResultRecord]]]:
+    """A served scheduler: its ``host:port`` and the result records it wrote."""
     results: list[ResultRecord] = []
     engine = fast_engine(max_num_seqs=4)
     await engine.start()
@@ -42,12 +46,17 @@ async def _serve(body) -> list[ResultRecord]:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            await body(channel, results)
+        yield f"127.0.0.1:{port}", results
     finally:
         await server.stop(None)
         await scheduler.abort_all()
         await engine.shutdown()
+
+
+async def _serve(body) -> list[ResultRecord]:
+    async with _server() as (target, results):
+        async with grpc.aio.insecure_channel(target) as channel:
+            await body(channel, results)
     return results
 
 
@@ -131,3 +140,33 @@ def _fields(rid: str) -> dict:
     now = now_ms()
     return dict(request_id=rid, priority="normal", enqueue_ts=now, deadline_ts=now + 30_000,
                 prompt="hello", max_tokens=4)
+
+
+def test_spark_submit_sends_only_the_chosen_rows_and_passes_the_others_through() -> None:
+    """The routed submit query's ``mapInArrow`` body: rows whose ``submit_when`` column
+    is not true are returned with null ack columns and never reach the sidecar."""
+    import pyarrow as pa
+
+    from spark_ext.config import SidecarEndpointConfig
+    from spark_ext.submit import ACK_SCHEMA, submit_batches
+    from tests.utils import make_request
+
+    rows = [dict(make_request(f"r{i}"), go=go) for i, go in enumerate([True, False, None, True])]
+    batch = pa.RecordBatch.from_pylist(rows)
+
+    async def main() -> tuple[pa.Table, list[ResultRecord]]:
+        async with _server() as (target, results):
+            out = await asyncio.to_thread(lambda: pa.Table.from_batches(list(submit_batches(
+                iter([batch]), SidecarEndpointConfig(endpoint=target), submit_when="go"))))
+            await until(lambda: len(results) >= 2)
+            await asyncio.sleep(0.2)  # a request sent by mistake would have finished too
+            return out, list(results)
+
+    out, results = asyncio.run(main())
+    assert "prompt" not in out.column_names
+    by_id = {r["request_id"]: r for r in out.to_pylist()}
+    assert sorted(by_id) == ["r0", "r1", "r2", "r3"], "every row comes back once"
+    assert [by_id[r]["accepted"] for r in ("r0", "r3")] == [True, True]
+    for rid in ("r1", "r2"):
+        assert all(by_id[rid][f.name] is None for f in ACK_SCHEMA), by_id[rid]
+    assert sorted(r.request_id for r in results) == ["r0", "r3"]
