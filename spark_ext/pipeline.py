@@ -404,6 +404,7 @@ class StsPipeline:
             if fast_path.enabled(self.config) or self.config.rollout.mode != "full":
                 if fast_path.enabled(self.config):
                     fast_path.warm_up(self.spark, self.config)
+                self._warm_up_plan()
                 submit = self._start(self._routed_acks(events), "submit", self._write_routed)
             else:
                 submit = self._start(self.acks(events), "submit", self._write_submitted)
@@ -422,6 +423,30 @@ class StsPipeline:
         for t in self.tickers:
             t.start()
         return self.queries
+
+    def _warm_up_plan(self) -> None:
+        """Run the submit query's request plan once over one all-null event read from
+        a file like the events, writing nothing (``noop``) and submitting nothing, so
+        Spark compiles its generated code before the first micro-batch instead of in
+        it (measured: the first micro-batch's job 2.0 s -> 0.28 s with L1/L2). The
+        event file lives in ``<checkpoint_dir>/plan-warm-up``; a failure is logged and
+        skipped, never fatal."""
+        src = self.config.source
+        if src.format == "rate":
+            return
+        folder = self.config.output.checkpoint("plan-warm-up")
+        started = time.monotonic()
+        try:
+            schema = self.spark.createDataFrame([], src.schema).schema
+            event = self.spark.createDataFrame([(None,) * len(schema)], schema)
+            event.write.mode("overwrite").format(src.format).save(folder)
+            events = self.spark.read.schema(src.schema).options(**src.options) \
+                .format(src.format).load(folder)
+            self.requests(events).write.format("noop").mode("overwrite").save()
+        except Exception as e:  # only a warm-up: the first micro-batch compiles instead
+            logger.warning("Plan warm-up skipped: %s", one_line_reason(e))
+            return
+        logger.info("Submit plan warmed up in %.1f s.", time.monotonic() - started)
 
     def check_sidecars(self) -> list[dict]:
         """Ask from the executors' Python tasks whether their sidecar serves; log the

@@ -94,6 +94,32 @@ def test_the_local_session_runs_the_quick_jit_compiler_only(spark) -> None:
     assert LOCAL_JAVA_OPTIONS in list(runtime.getInputArguments())
 
 
+def test_plan_warm_up_writes_no_table_and_a_failure_is_only_logged(
+        spark, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The submit plan runs once over one all-null event before the query starts (its
+    generated code compiled outside the first micro-batch); nothing is submitted or
+    written, and a warm-up that fails is a warning, not a failed start."""
+    import logging
+
+    def pipeline(name: str, options: dict) -> StsPipeline:
+        return StsPipeline(spark, PipelineConfig.from_dict({
+            "source": {"path": str(tmp_path / name / "events"), "options": options},
+            "sidecar": {"endpoint": "127.0.0.1:9", "results_dir": str(tmp_path / "results")},
+            "output": {"out_dir": str(tmp_path / name / "out"),
+                       "checkpoint_dir": str(tmp_path / name / "ck")},
+            "rollout": {"mode": "canary"}}))
+
+    with caplog.at_level(logging.INFO, logger="spark_ext.pipeline"):
+        pipeline("good", {})._warm_up_plan()
+        pipeline("bad", {"multiLine": "maybe"})._warm_up_plan()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("Submit plan warmed up in") for m in messages), messages
+    assert any(m.startswith("Plan warm-up skipped: ") and "\n" not in m
+               for m in messages), messages
+    assert not any((tmp_path / "good" / "out").iterdir())  # no table written
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
 def test_template_with_dynamic_fields_first_is_refused() -> None:
     with pytest.raises(TemplateOrderError, match="empty"):
         PromptTemplate.from_string("{text}\nYou are a support assistant. Answer briefly.")
