@@ -109,11 +109,17 @@ def test_plan_warm_up_writes_no_table_and_a_failure_is_only_logged(
                        "checkpoint_dir": str(tmp_path / name / "ck")},
             "rollout": {"mode": "canary"}}))
 
+    mine = tmp_path / "good" / "ck" / "plan-warm-up" / "mine.txt"  # not the pipeline's
+    mine.parent.mkdir(parents=True)
+    mine.write_text("keep")
     with caplog.at_level(logging.INFO, logger="spark_ext.pipeline"):
-        pipeline("good", {})._warm_up_plan()
+        good = pipeline("good", {})
+        good._warm_up_plan()
+        good._warm_up_plan()  # the event file of the first start is reused
         pipeline("bad", {"multiLine": "maybe"})._warm_up_plan()
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("Submit plan warmed up in") for m in messages), messages
+    assert sum(m.startswith("Submit plan warmed up in") for m in messages) == 2, messages
+    assert mine.read_text() == "keep", "nothing the pipeline did not write is replaced"
     assert any(m.startswith("Plan warm-up skipped: ") and "\n" not in m
                for m in messages), messages
     assert not any((tmp_path / "good" / "out").iterdir())  # no table written
