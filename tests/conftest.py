@@ -51,6 +51,17 @@ def tiny_sidecar(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
 
 
 @pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
+    """One real single-node Kafka broker (KRaft, Apache Kafka's Maven jars) on loopback
+    for the whole test session. Topics are created on first use; tests use their own
+    topic names. A test that kills the broker must start it again before it returns."""
+    from sts_harness.kafka_broker import KafkaBroker
+
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole test session."""
     from spark_ext.session import local_session
