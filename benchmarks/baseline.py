@@ -1,7 +1,7 @@
 """Scheme A, the baseline: the model called synchronously from ``foreachBatch``.
 
 Built the way the seed's first version is: the same Spark source, the same L1/L2
-(:func:`spark_ext.tagging.build_requests`), the same trigger interval and the
+(:func:`spark_ext.l1.tagging.build_requests`), the same trigger interval and the
 same sidecar process as STS, but each micro-batch collects its requests on the
 driver, calls the model and *waits* before the batch can commit, then writes the
 answers to Delta. No deadline is enforced on the call (the seed's pitfall 1), so
@@ -31,10 +31,10 @@ from pyspark.sql.streaming import StreamingQuery
 from sidecar.client import SidecarClient, request_to_proto
 from sidecar.contract import Status, now_ms
 from sidecar.pb.sts.v1 import inference_pb2 as pb
-from spark_ext.answer_store import AnswerStore
+from spark_ext.l4.answer_store import AnswerStore
 from spark_ext.config import PipelineConfig
-from spark_ext.tagging import REQUEST_COLUMNS, build_requests
-from spark_ext.template import PromptTemplate
+from spark_ext.l2.prompts import REQUEST_COLUMNS, build_requests
+from spark_ext.l2.template import PromptTemplate
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Does one micro-batch's answer write stay flat as the ``answers`` table grows?
 
-Grows a real Delta ``answers`` table (written by :class:`spark_ext.answer_store.AnswerStore`,
+Grows a real Delta ``answers`` table (written by :class:`spark_ext.l4.answer_store.AnswerStore`,
 partitioned by enqueue hour) to each size of a ladder, as a stream at 200 events/s
 would (rows spread over the hours they would have arrived in), runs the pipeline's
 maintenance (compaction of the recent partitions, vacuum), then times what the
@@ -26,8 +26,8 @@ import pyarrow as pa
 
 from benchmarks.cli_args import positive_ints
 from sidecar.contract import write_text_atomically
-from spark_ext.answer_store import AnswerStore
-from spark_ext.answers import build_answers
+from spark_ext.l4.answer_store import AnswerStore
+from spark_ext.l4.answers import build_answers
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "delta_growth"
 RATE_PER_S = 200

@@ -10,7 +10,7 @@
    each batch size of ``--batch-sizes``, ``--repeats`` times: P50/P99 per batch.
 
 Prints a table and writes ``l1l2_cost.json``. The device is whatever
-:func:`spark_ext.embedding.task_device` picks (CPU here; a GPU where Spark assigns one).
+:func:`spark_ext.l1.embedding.task_device` picks (CPU here; a GPU where Spark assigns one).
 
     python -m benchmarks.l1l2_cost
     python -m benchmarks.l1l2_cost --rows 500 --batch-sizes 1,64 --repeats 20 --out /tmp/l1l2
@@ -31,8 +31,8 @@ from pathlib import Path
 from benchmarks.cli_args import positive_ints
 from sidecar.contract import percentiles, write_text_atomically
 from spark_ext.config import EmbeddingConfig, KnowledgeBaseConfig
-from spark_ext.embedding import embed_column, embed_texts, task_device
-from spark_ext.knowledge_base import KnowledgeBaseReader, build_knowledge_base
+from spark_ext.l1.embedding import embed_column, embed_texts, task_device
+from spark_ext.l2.knowledge_base import KnowledgeBaseReader, build_knowledge_base
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "l1l2_cost"
 

@@ -3,7 +3,7 @@
 Schemes (same generated events, same sidecar process, same trigger interval):
 
 * ``engine``: the sidecar driven directly (no Spark), the engine's raw ceiling;
-* ``sts``: :class:`spark_ext.pipeline.StsPipeline` (fire-and-forget submit, join, fallback);
+* ``sts``: :class:`spark_ext.pipeline.sts_pipeline.StsPipeline` (fire-and-forget submit, join, fallback);
 * ``baseline-sync`` / ``baseline-concurrent``: :class:`benchmarks.baseline.BlockingForeachBatch`.
 
 Per run: offered events, answers (any source) and answers within the SLA, LLM
@@ -228,7 +228,7 @@ def _pipeline_config(ctx: RunContext, run_dir: Path):
 
 def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> dict:
     """The STS pipeline on the replayed events."""
-    from spark_ext.pipeline import StsPipeline
+    from spark_ext.pipeline.sts_pipeline import StsPipeline
 
     run_dir = ctx.work_dir / f"sts-{rate}"
     config = _pipeline_config(ctx, run_dir)

@@ -22,7 +22,7 @@ _SPARK = '''\
 import os
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 from pyspark.sql import SparkSession
-from spark_ext.session import local_session
+from spark_ext import local_session
 
 # On Databricks (or any notebook with a session) the existing `spark` is used.
 spark = SparkSession.getActiveSession() or local_session("sts-notebook")
@@ -76,8 +76,7 @@ else:
 print("sidecar:", endpoint)'''),
     new_markdown_cell("## 2. The pipeline"),
     new_code_cell('''\
-from spark_ext.config import PipelineConfig
-from spark_ext.pipeline import StsPipeline
+from spark_ext import PipelineConfig, StsPipeline
 
 config = PipelineConfig.from_dict({
     "source": {"path": str(out / "events")},

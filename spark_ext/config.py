@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError
-from spark_ext.validation import ValidationConfig
+from spark_ext.uris import join_uri, resolve_local
 
+#: L0 event source formats (``spark_ext.sources.EVENT_SOURCES`` reads each): file
+#: formats of a landing folder, Spark's ``rate`` source for load tests.
 SourceFormat = Literal["json", "parquet", "csv", "rate"]
+SOURCE_FORMATS: tuple[str, ...] = get_args(SourceFormat)
 SidecarLaunch = Literal["none", "lazy"]
 RolloutMode = Literal["full", "canary", "shadow", "offline"]
+#: Personal-data detectors of output validation (:mod:`spark_ext.l4.validation`).
+PiiDetector = Literal["email", "phone", "card"]
+PII_DETECTOR_NAMES: tuple[str, ...] = get_args(PiiDetector)
 
 
 @dataclass
@@ -21,7 +28,8 @@ class SourceConfig:
     """L0: where events come from."""
 
     format: SourceFormat = "json"
-    """File format of the landing directory, or ``rate`` for load tests."""
+    """File format of the landing directory, or ``rate`` for load tests (one of
+    :data:`SOURCE_FORMATS`)."""
 
     path: str = "./sts-demo/events"
     """Landing directory of event files."""
@@ -31,6 +39,11 @@ class SourceConfig:
 
     options: dict[str, str] = field(default_factory=lambda: {"maxFilesPerTrigger": "50"})
     """Extra reader options."""
+
+    def __post_init__(self) -> None:
+        if self.format not in SOURCE_FORMATS:
+            raise PipelineConfigError(f"source.format must be one of {', '.join(SOURCE_FORMATS)} "
+                                      f"(got {self.format!r})")
 
 
 @dataclass
@@ -397,7 +410,7 @@ class OutputConfig:
 
     metrics_port: int | None = None
     """Serve the Spark side's Prometheus ``/metrics`` on this driver port (0: any free
-    port; ``None``: off). See :mod:`spark_ext.metrics`."""
+    port; ``None``: off). See :mod:`spark_ext.pipeline.metrics`."""
 
     metrics_addr: str = "127.0.0.1"
     """Address of ``/metrics``."""
@@ -413,10 +426,13 @@ class OutputConfig:
             raise PipelineConfigError(f"{self.triggers=} must be >= 0 seconds")
 
     def table(self, name: str) -> str:
-        return str(Path(self.out_dir) / name)
+        """The location of table ``name`` under ``out_dir`` (URIs joined as strings:
+        ``s3://b/sts`` -> ``s3://b/sts/answers``)."""
+        return join_uri(self.out_dir, name)
 
     def checkpoint(self, name: str) -> str:
-        return str(Path(self.checkpoint_dir) / name)
+        """The checkpoint location of query ``name`` under ``checkpoint_dir``."""
+        return join_uri(self.checkpoint_dir, name)
 
 
 @dataclass
@@ -468,6 +484,41 @@ class RolloutConfig:
                 or not 0.0 <= share <= 1.0:
             raise PipelineConfigError(f"rollout.canary_share={self.canary_share!r} must be "
                                       "in [0, 1]")
+
+
+@dataclass
+class ValidationConfig:
+    """Rules an ``ok`` answer must pass to be sent (README "Output validation")."""
+
+    enabled: bool = True
+    min_chars: int = 1
+    """Shorter answers (after stripping spaces) fail ``min_chars``."""
+
+    max_chars: int | None = 2000
+    """Longer answers fail ``max_chars``; ``None``: no limit."""
+
+    must_not_match: dict[str, str] = field(default_factory=dict)
+    """Rule name -> regular expression (case-insensitive) an answer must not contain."""
+
+    pii: list[str] = field(default_factory=lambda: ["email", "phone", "card"])
+    """Personal-data detectors to apply: ``email``, ``phone``, ``card``."""
+
+    json_schema: str | dict[str, Any] | None = None
+    """A JSON Schema (inline mapping, or a file path) the answer must parse and match."""
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.pii) - set(PII_DETECTOR_NAMES):
+            raise PipelineConfigError(f"validation.pii has unknown detectors {sorted(unknown)}; "
+                                      f"known: {list(PII_DETECTOR_NAMES)}")
+        if self.min_chars < 0 or (self.max_chars is not None and self.max_chars < self.min_chars):
+            raise PipelineConfigError(f"validation: need 0 <= min_chars <= max_chars "
+                                      f"(got {self.min_chars}, {self.max_chars})")
+        for name, pattern in self.must_not_match.items():
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise PipelineConfigError(
+                    f"validation.must_not_match.{name}: bad regular expression ({e})") from None
 
 
 @dataclass
@@ -539,9 +590,8 @@ class PipelineConfig:
             ('/jobs/sts/out', 's3://b/ckpt')
         """
         def resolve(value: str) -> str:
-            if ":/" in value or Path(value).is_absolute():
-                return value
-            return os.path.normpath(Path(base) / value)
+            return os.path.normpath(out) if (out := resolve_local(value, Path(base))) \
+                != value else value
 
         self.source.path = resolve(self.source.path)
         self.sidecar.results_dir = resolve(self.sidecar.results_dir)

@@ -8,7 +8,7 @@ Spark ships. ``scripts/install.sh`` runs ``python -m spark_ext.jvm_packages --fe
 the first session finds them in the cache.
 
     python -m spark_ext.jvm_packages                 # the coordinates, comma-separated
-    spark-submit --packages "$(python -m spark_ext.jvm_packages)" spark_ext/job.py ...
+    spark-submit --packages "$(python -m spark_ext.jvm_packages)" spark_ext/pipeline/job.py ...
     python -m spark_ext.jvm_packages --with s3 --fetch   # resolve into Ivy's cache now
 """
 

@@ -1,6 +1,6 @@
 """L1 and L4 spans of the Spark side (OpenTelemetry; README "Tracing").
 
-In the Spark task (:class:`SubmitSpans`, used by :mod:`spark_ext.submit`), per
+In the Spark task (:class:`SubmitSpans`, used by :mod:`spark_ext.submit.submission`), per
 ``SubmitBatch`` of a micro-batch::
 
     sts.l1.event          one per event: enqueue_ts .. ack; the event's span (its id

@@ -246,12 +246,7 @@ def batch_durations(queries: list) -> dict[str, dict[str, float | None]]:
 def run_demo(opts: DemoOptions) -> dict:
     """Run the demo and return its summary (also written to ``out/summary.json``)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    import grpc
-    from google.protobuf.json_format import MessageToDict
-
     from sidecar import prepare_default_model
-    from spark_ext.config import PipelineConfig
-    from spark_ext.exceptions import PipelineFailedError
     from sts_harness.process import start_local_sidecar
 
     out = Path(opts.out).expanduser().resolve()
@@ -266,120 +261,152 @@ def run_demo(opts: DemoOptions) -> dict:
             # whole 32-token KV blocks are what prefix caching shares (vLLM's CPU
             # default of 128 shares none of a short prompt)
             ["--engine-arg", "block_size=32"] if opts.engine == "vllm" else [])
-        client = sidecar.client
-        assert client is not None
-        target = sidecar.target
-        print(f"Sidecar serving on {target}", flush=True)
+        print(f"Sidecar serving on {sidecar.target}", flush=True)
 
-        from spark_ext.pipeline import StsPipeline
+        from spark_ext import StsPipeline
         from spark_ext.session import session_scope
 
-        if (cpus := spark_cpus(opts.engine)) is not None:
-            # vLLM's CPU backend binds its decode thread to core 0; Spark (the JVM and its
-            # Python workers start from this thread) gets the others, as a GPU node's
-            # executors do not share the GPU's compute with Spark.
-            previous = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, cpus)
-            stack.callback(os.sched_setaffinity, 0, previous)
-            print(f"Spark on CPUs {sorted(cpus)}; the engine keeps CPU 0", flush=True)
+        _pin_spark_cpus(stack, opts.engine)
         print("Starting Spark (local[2]) ...", flush=True)
         spark = stack.enter_context(session_scope("sts-demo"))
-        high, normal, low = opts.sla_ms
-        fast_path: dict = {}
-        source: dict = {"path": str(out / "events")}
-        if opts.l1l2:
-            from sts_harness.l1l2_demo import DEMO_SCHEMA, prepare_fast_path
-
-            fast_path = prepare_fast_path(out)
-            source["schema"] = DEMO_SCHEMA
-        config = PipelineConfig.from_dict({
-            **fast_path,
-            "source": source,
-            "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
-                        "max_tokens": opts.max_tokens},
-            "sidecar": {"endpoint": target, "results_dir": str(out / "results"),
-                        "token_file": str(token_file)},
-            "output": {"out_dir": str(out / "tables"),
-                       "checkpoint_dir": str(out / "checkpoints")},
-            "rollout": {"mode": opts.rollout, "canary_share": opts.canary_share},
-        })
+        config = demo_config(opts, out, sidecar.target, token_file)
         pipeline = StsPipeline(spark, config)
         stack.callback(pipeline.stop)
         replayer = sample_replayer(out / "events", opts.rate, opts.duration, load_samples())
         pipeline.start()
         start = time.monotonic()
         replayer.start()
-
-        def progress(phase: str) -> int:
-            pipeline.check()
-            if sidecar.proc is not None and sidecar.proc.poll() is not None:
-                raise DemoFailedError(f"the sidecar exited with code {sidecar.proc.returncode}; "
-                                      f"log: {out / 'sidecar.log'}")
-            counts = dict(pipeline.store.stats.by_source)
-            answered = pipeline.store.stats.answers_written
-            st = client.stats()
-            busy = sum(p.queued + p.in_flight for p in st.pools)
-            print(f"[{time.monotonic() - start:5.1f}s] {phase}: events {replayer.offered}, "
-                  f"answers {answered} {counts}, sidecar busy {busy}, "
-                  f"{st.output_tokens_per_s:.0f} tok/s", flush=True)
-            return answered
-
-        failure = None
-        try:
-            while replayer.is_alive():
-                time.sleep(3)
-                progress("replaying")
-            # Every event is answered by its deadline + grace (the safety net runs on
-            # processing time); wait that long at most, then the late results' backfill.
-            last_due = time.monotonic() + (max(opts.sla_ms) + config.answers.grace_ms) / 1000 + 5
-            while time.monotonic() < last_due:
-                if progress("answering") >= replayer.offered:
-                    break
-                time.sleep(2)
-            drain_deadline = time.monotonic() + opts.drain_timeout_s
-            while time.monotonic() < drain_deadline:
-                if sum(p.queued + p.in_flight for p in client.stats().pools) == 0:
-                    break
-                time.sleep(2)
-                progress("late results")
-        except grpc.RpcError as e:
-            failure = f"the sidecar stopped answering ({e.code().name}); log: {out / 'sidecar.log'}"
-            replayer.stop()
-            print(f"sts demo: {failure}", flush=True)
-        except (DemoFailedError, PipelineFailedError) as e:
-            failure = str(e).splitlines()[0]
-            replayer.stop()
-            print(f"sts demo: {failure}", flush=True)
+        failure = _run_until_answered(opts, out, sidecar, pipeline, replayer, start)
         wall_s = time.monotonic() - start
         if failure is None:
             pipeline.process_all_available()
-        try:
-            stats = MessageToDict(client.stats(), preserving_proto_field_name=False)
-        except Exception:  # the sidecar is gone
-            stats = {}
-        answers = pipeline.store.read("answers").to_pylist()
-        summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats,
-                            fast_path=pipeline.fast_path_stats.summary() if opts.l1l2 else None)
+        summary = _demo_summary(opts, out, sidecar, pipeline, replayer, wall_s)
         summary["incomplete"] = failure
-        from sts_harness.rollout_report import rollout_shares
-
-        summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")
-                                            .to_pylist(), mode=opts.rollout,
-                                            canary_share=opts.canary_share)
-        summary["batch_ms"] = batch_durations(pipeline.queries)
-        from sts_harness.demo_plots import plot_demo
-
-        high, normal, low = opts.sla_ms
-        summary["plots"] = [str(p) for p in plot_demo(
-            answers, out / "plots", {"high": high, "normal": normal, "low": low})]
-        summary["tables"] = {name: config.output.table(name)
-                             for name in ("answers", "requests", "results")}
-        if opts.rollout == "shadow":
-            summary["tables"]["shadow_answers"] = config.output.table("shadow_answers")
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         return summary
     finally:
         stack.close()  # Spark is stopped only if the demo started it
+
+
+def _pin_spark_cpus(stack: contextlib.ExitStack, engine: str) -> None:
+    """vLLM's CPU backend binds its decode thread to core 0; Spark (the JVM and its
+    Python workers start from this thread) gets the others, as a GPU node's executors
+    do not share the GPU's compute with Spark. Undone when ``stack`` closes."""
+    if (cpus := spark_cpus(engine)) is None:
+        return
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    stack.callback(os.sched_setaffinity, 0, previous)
+    print(f"Spark on CPUs {sorted(cpus)}; the engine keeps CPU 0", flush=True)
+
+
+def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path):
+    """The demo's :class:`~spark_ext.config.PipelineConfig`: events, results, tables and
+    checkpoints under ``out``, the sidecar at ``target``, L1/L2 unless ``--no-l1l2``."""
+    from spark_ext import PipelineConfig
+
+    high, normal, low = opts.sla_ms
+    fast_path: dict = {}
+    source: dict = {"path": str(out / "events")}
+    if opts.l1l2:
+        from sts_harness.l1l2_demo import DEMO_SCHEMA, prepare_fast_path
+
+        fast_path = prepare_fast_path(out)
+        source["schema"] = DEMO_SCHEMA
+    return PipelineConfig.from_dict({
+        **fast_path,
+        "source": source,
+        "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
+                    "max_tokens": opts.max_tokens},
+        "sidecar": {"endpoint": target, "results_dir": str(out / "results"),
+                    "token_file": str(token_file)},
+        "output": {"out_dir": str(out / "tables"),
+                   "checkpoint_dir": str(out / "checkpoints")},
+        "rollout": {"mode": opts.rollout, "canary_share": opts.canary_share},
+    })
+
+
+def _run_until_answered(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
+                        start: float) -> str | None:
+    """Replay the events, then wait until every event is answered (at most its deadline
+    plus the grace: the safety net runs on processing time) and the sidecar has
+    finished its late work, printing progress. Returns why it stopped early, if it did."""
+    import grpc
+
+    from spark_ext import PipelineFailedError
+
+    client = sidecar.client
+    assert client is not None
+
+    def progress(phase: str) -> int:
+        pipeline.check()
+        if sidecar.proc is not None and sidecar.proc.poll() is not None:
+            raise DemoFailedError(f"the sidecar exited with code {sidecar.proc.returncode}; "
+                                  f"log: {out / 'sidecar.log'}")
+        counts = dict(pipeline.store.stats.by_source)
+        answered = pipeline.store.stats.answers_written
+        st = client.stats()
+        busy = sum(p.queued + p.in_flight for p in st.pools)
+        print(f"[{time.monotonic() - start:5.1f}s] {phase}: events {replayer.offered}, "
+              f"answers {answered} {counts}, sidecar busy {busy}, "
+              f"{st.output_tokens_per_s:.0f} tok/s", flush=True)
+        return answered
+
+    try:
+        while replayer.is_alive():
+            time.sleep(3)
+            progress("replaying")
+        grace_ms = pipeline.config.answers.grace_ms
+        last_due = time.monotonic() + (max(opts.sla_ms) + grace_ms) / 1000 + 5
+        while time.monotonic() < last_due:
+            if progress("answering") >= replayer.offered:
+                break
+            time.sleep(2)
+        drain_deadline = time.monotonic() + opts.drain_timeout_s
+        while time.monotonic() < drain_deadline:
+            if sum(p.queued + p.in_flight for p in client.stats().pools) == 0:
+                break
+            time.sleep(2)
+            progress("late results")
+    except grpc.RpcError as e:
+        failure = f"the sidecar stopped answering ({e.code().name}); log: {out / 'sidecar.log'}"
+    except (DemoFailedError, PipelineFailedError) as e:
+        failure = str(e).splitlines()[0]
+    else:
+        return None
+    replayer.stop()
+    print(f"sts demo: {failure}", flush=True)
+    return failure
+
+
+def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
+                  wall_s: float) -> dict:
+    """The summary of a finished run: answers by source and priority, the sidecar's
+    stats, rollout shares, micro-batch durations, the plots and where the tables are."""
+    from google.protobuf.json_format import MessageToDict
+
+    from sts_harness.demo_plots import plot_demo
+    from sts_harness.rollout_report import rollout_shares
+
+    try:
+        stats = MessageToDict(sidecar.client.stats(), preserving_proto_field_name=False)
+    except Exception:  # the sidecar is gone
+        stats = {}
+    answers = pipeline.store.read("answers").to_pylist()
+    summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats,
+                        fast_path=pipeline.fast_path_stats.summary() if opts.l1l2 else None)
+    summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")
+                                        .to_pylist(), mode=opts.rollout,
+                                        canary_share=opts.canary_share)
+    summary["batch_ms"] = batch_durations(pipeline.queries)
+    high, normal, low = opts.sla_ms
+    summary["plots"] = [str(p) for p in plot_demo(
+        answers, out / "plots", {"high": high, "normal": normal, "low": low})]
+    output = pipeline.config.output
+    summary["tables"] = {name: output.table(name) for name in ("answers", "requests", "results")}
+    if opts.rollout == "shadow":
+        summary["tables"]["shadow_answers"] = output.table("shadow_answers")
+    return summary
 
 
 def print_summary(summary: dict) -> None:

@@ -1,5 +1,5 @@
 """``sts l1 train``, ``sts kb build`` and ``sts kb search``: thin shells around
-:mod:`spark_ext.routing` and :mod:`spark_ext.knowledge_base`.
+:mod:`spark_ext.l1.routing` and :mod:`spark_ext.l2.knowledge_base`.
 
 Registered by :func:`sts_harness.commands.register`. Settings come from the
 ``embedding``, ``routing`` and ``knowledge_base`` sections of a pipeline config
@@ -106,7 +106,7 @@ def _guarded(command: str, run) -> int:
 
 def _run_train(args: argparse.Namespace) -> int:
     def run() -> int:
-        from spark_ext.routing import train_router
+        from spark_ext.l1.routing import train_router
 
         embedding, _ = _configs(args)
         model = train_router(args.input, args.out, embedding, holdout=args.holdout)
@@ -121,7 +121,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _run_build(args: argparse.Namespace) -> int:
     def run() -> int:
-        from spark_ext.knowledge_base import build_knowledge_base
+        from spark_ext.l2.knowledge_base import build_knowledge_base
 
         embedding, kb = _configs(args)
         r = build_knowledge_base(args.input, kb, embedding)
@@ -133,8 +133,8 @@ def _run_build(args: argparse.Namespace) -> int:
 
 def _run_search(args: argparse.Namespace) -> int:
     def run() -> int:
-        from spark_ext.knowledge_base import search_text
-        from spark_ext.retrieval import faq_answer
+        from spark_ext.l2.knowledge_base import search_text
+        from spark_ext.l2.retrieval import faq_answer
 
         embedding, kb = _configs(args)
         if args.top_k is not None and args.top_k < 1:

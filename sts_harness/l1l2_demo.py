@@ -56,8 +56,8 @@ def cache_key(*inputs: bytes) -> str:
 
 def _build(folder: Path, labelled: Path, articles: Path) -> None:
     from spark_ext.config import EmbeddingConfig, KnowledgeBaseConfig
-    from spark_ext.knowledge_base import build_knowledge_base
-    from spark_ext.routing import train_router
+    from spark_ext.l2.knowledge_base import build_knowledge_base
+    from spark_ext.l1.routing import train_router
 
     model = train_router(labelled, folder / "router.json", EmbeddingConfig())
     print(f"L1 router: held-out priority accuracy {model.metrics['priority_accuracy']:.2f}, "
@@ -71,7 +71,7 @@ def build_cached(folder: Path, labelled: Path, articles: Path) -> bool:
     """Put ``router.json`` and ``kb.db`` into ``folder``: copied from the cache when it
     holds them for these inputs, else built (and cached). Returns whether it was cached."""
     from spark_ext.config import EmbeddingConfig
-    from spark_ext.embedding import model_path
+    from spark_ext.l1.embedding import model_path
 
     key = cache_key(labelled.read_bytes(), articles.read_bytes(),
                     str(model_path(EmbeddingConfig())).encode())

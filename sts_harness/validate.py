@@ -2,7 +2,7 @@
 
 Reads the events (Delta, Parquet or JSON lines; by default the shipped sample tickets),
 starts a sidecar (``--engine``) unless ``--endpoint`` names one, runs L1-L4 in batch
-(:func:`spark_ext.offline.run_offline`), writes the report as a Delta table under
+(:func:`spark_ext.pipeline.offline.run_offline`), writes the report as a Delta table under
 ``--out/report``, prints a short table per priority and writes ``--out/summary.json``.
 ``--out`` must be new, empty or an earlier ``sts validate``'s folder (``--overwrite``).
 """
@@ -102,7 +102,7 @@ def run_validate(opts: ValidateOptions) -> dict:
         FileExistsError, NotADirectoryError: ``--out`` cannot be used.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from spark_ext.event_tables import read_event_table
+    from spark_ext.sources.event_tables import read_event_table
     from spark_ext.exceptions import InputFileError
     from sts_harness.demo import prepare_out
 
@@ -121,7 +121,7 @@ def run_validate(opts: ValidateOptions) -> dict:
 
     from deltalake import write_deltalake
 
-    from spark_ext.offline import run_offline
+    from spark_ext.pipeline.offline import run_offline
     from spark_ext.session import session_scope
     from sts_harness.process import start_local_sidecar
     from sts_harness.rollout_report import priority_table

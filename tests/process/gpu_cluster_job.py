@@ -8,7 +8,7 @@ share a process with the suite's ``local`` one)::
 ``local-cluster[2,1,1024]``: two workers, each with one executor of one core and one
 GPU, found by ``fake_gpu_discovery.sh`` (the first worker gets address ``0``, the
 second ``1``). Tasks take one GPU each and submit through
-:func:`spark_ext.submit.submit_requests` with ``launch: lazy`` and the simulated
+:func:`spark_ext.submit.submission.submit_requests` with ``launch: lazy`` and the simulated
 engine, so the first task on each GPU starts that GPU's sidecar. Each request carries
 the GPU its task was given (``task_gpu``, recorded before submission and echoed by
 the sidecar as an attribute), so the report shows where every request went: its ack
@@ -44,7 +44,7 @@ REQUEST_SCHEMA = pa.schema([
 def _requests(batches: Iterator[pa.RecordBatch], round_no: int) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: request rows from ids, tagged with this task's GPU."""
     from sidecar.contract import now_ms
-    from spark_ext.sidecar_launcher import task_gpu
+    from spark_ext.submit.sidecar_launcher import task_gpu
 
     gpu = task_gpu()
     for batch in batches:
@@ -110,7 +110,7 @@ def _wait_for_executors(spark, n: int, timeout_s: float = 120.0) -> None:
 def _read_with_results_stream(spark, results: Path, work: Path) -> list[dict]:
     """Every row of the shared results folder, as the answers query reads them (the
     partitioned reader: Spark tasks on the executors read the files)."""
-    from spark_ext.results_source import register_results_source
+    from spark_ext.sources.result_files import register_results_source
 
     register_results_source(spark)
     query = (spark.readStream.format("sts_results").option("path", str(results))
@@ -128,8 +128,8 @@ def _read_with_results_stream(spark, results: Path, work: Path) -> list[dict]:
 def main(work: Path) -> dict:
     from sidecar.client import SidecarClient
     from spark_ext.config import SidecarEndpointConfig
-    from spark_ext.sidecar_launcher import endpoint_for, stop_sidecars
-    from spark_ext.submit import submit_requests
+    from spark_ext.submit.sidecar_launcher import endpoint_for, stop_sidecars
+    from spark_ext.submit.submission import submit_requests
     from sts_harness.result_check import wait_for_results
 
     timings: dict[str, float] = {}

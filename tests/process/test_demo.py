@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_ext.answer_store import AnswerStore
+from spark_ext.l4.answer_store import AnswerStore
 from sts_harness.demo import DemoOptions, load_samples, run_demo
 
 

@@ -15,16 +15,16 @@ import pytest
 
 from sidecar.cli import main as sts
 from spark_ext.config import EmbeddingConfig, KnowledgeBaseConfig, PipelineConfig, RoutingConfig
-from spark_ext.embedding import embed_column, embed_texts, resolve_device
+from spark_ext.l1.embedding import embed_column, embed_texts, resolve_device
 from spark_ext.exceptions import (
     EmbeddingModelError,
     InputFileError,
     KnowledgeBaseError,
     RoutingModelError,
 )
-from spark_ext.knowledge_base import KnowledgeBaseReader, build_knowledge_base, search_text
-from spark_ext.retrieval import retrieve
-from spark_ext.routing import RouterModel, route_events, train_router
+from spark_ext.l2.knowledge_base import KnowledgeBaseReader, build_knowledge_base, search_text
+from spark_ext.l2.retrieval import retrieve
+from spark_ext.l1.routing import RouterModel, route_events, train_router
 from tests.utils import REPO
 
 pytestmark = pytest.mark.timeout(300)
@@ -277,7 +277,7 @@ def test_routing_rules_alone_and_config_errors(spark) -> None:
 def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
         spark, tmp_path: Path, kb: KnowledgeBaseConfig, router_file: Path) -> None:
     from sidecar.contract import write_text_atomically
-    from spark_ext.pipeline import StsPipeline
+    from spark_ext.pipeline.sts_pipeline import StsPipeline
     from tests.utils import RemoteSidecar
 
     events = [{"event_id": f"e{i}", "text": t, "priority": "normal", "event_ts": None}
@@ -332,7 +332,7 @@ def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
 
 def test_fast_path_with_rules_only_needs_no_model(spark) -> None:
     from spark_ext.exceptions import PipelineConfigError
-    from spark_ext.fast_path import apply_fast_path
+    from spark_ext.l2.fast_path import apply_fast_path
 
     df = spark.createDataFrame([("a", "hello", "low"), ("b", "buy pills", "normal")],
                                "event_id STRING, text STRING, priority STRING")
@@ -356,8 +356,8 @@ def test_feature_lookup_joins_a_delta_table_that_rules_use(spark, tmp_path: Path
 
     from spark_ext.config import FeaturesConfig
     from spark_ext.exceptions import PipelineConfigError
-    from spark_ext.features import join_features
-    from spark_ext.routing import apply_rules
+    from spark_ext.l2.features import join_features
+    from spark_ext.l1.routing import apply_rules
 
     table = tmp_path / "customers"
     write_deltalake(str(table), pa.table({"customer_id": ["c1", "c2"],
@@ -403,8 +403,8 @@ def test_warm_up_opens_the_fast_path_in_every_worker_a_task_slot_holds(
     shows as a reader snapshot named after its process."""
     import hashlib
 
-    from spark_ext import fast_path
-    from spark_ext.knowledge_base import _SNAPSHOT_ROOT
+    from spark_ext.l2 import fast_path
+    from spark_ext.l2.knowledge_base import _SNAPSHOT_ROOT
 
     kb = KnowledgeBaseConfig(enabled=True, uri=str(tmp_path / "kb.db"))  # opened nowhere yet
     build_knowledge_base(ARTICLES, kb, EMB)

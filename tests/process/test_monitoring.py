@@ -31,7 +31,7 @@ import yaml
 
 from sidecar.contract import write_text_atomically
 from spark_ext.config import PipelineConfig
-from spark_ext.pipeline import StsPipeline
+from spark_ext.pipeline.sts_pipeline import StsPipeline
 from tests.utils import REPO, RemoteSidecar, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(300)

@@ -14,9 +14,9 @@ import pytest
 from sidecar.cli import main as sts_main
 from sidecar.contract import PRIORITY_NAMES, write_text_atomically
 from spark_ext.config import PipelineConfig
-from spark_ext.event_tables import read_event_table
-from spark_ext.pipeline import StsPipeline
-from spark_ext.rollout import canary_bucket
+from spark_ext.sources.event_tables import read_event_table
+from spark_ext.pipeline.sts_pipeline import StsPipeline
+from spark_ext.l4.rollout import canary_bucket
 from sts_harness.demo import DemoOptions, run_demo
 from tests.utils import RemoteSidecar, wait_until
 
@@ -167,7 +167,7 @@ def test_spark_and_python_agree_on_every_arm(spark) -> None:
     """The Spark expression gives exactly :func:`canary_bucket`'s arms (300 ids), and
     events L1 routed elsewhere get no arm."""
     from spark_ext.config import RolloutConfig
-    from spark_ext.rollout import arm_for, with_arm
+    from spark_ext.l4.rollout import arm_for, with_arm
 
     ids = [_request_id(f"e-{i}") for i in range(300)]
     df = spark.createDataFrame([(rid, "rule" if i == 0 else "llm") for i, rid in enumerate(ids)],

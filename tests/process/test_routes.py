@@ -1,5 +1,5 @@
 """The two ways a user runs the pipeline, as a user runs them: ``spark-submit`` of
-``spark_ext/job.py`` and ``sts demo``, each with a ``python3`` first on PATH that is not
+``spark_ext/pipeline/job.py`` and ``sts demo``, each with a ``python3`` first on PATH that is not
 the interpreter the project is installed in (Spark's Python workers must still run the
 project's interpreter)."""
 
@@ -38,7 +38,7 @@ def _path_with_a_wrong_python3(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.timeout(420)
 def test_spark_submit_route_answers_every_event(tmp_path: Path) -> None:
     """The README's sequence: a sidecar, ``sts events`` into the config's landing
-    folder, ``spark-submit spark_ext/job.py --until-idle``: it stops by itself with one
+    folder, ``spark-submit spark_ext/pipeline/job.py --until-idle``: it stops by itself with one
     answer per event, paths resolved from the config file's folder."""
     conf = tmp_path / "conf"
     conf.mkdir()

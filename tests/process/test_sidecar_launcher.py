@@ -18,7 +18,7 @@ import pytest
 from sidecar.client import SidecarClient
 from spark_ext.config import SidecarEndpointConfig
 from spark_ext.exceptions import PipelineConfigError, SidecarLaunchError
-from spark_ext.sidecar_launcher import endpoint_for, ensure_sidecar, stop_sidecars
+from spark_ext.submit.sidecar_launcher import endpoint_for, ensure_sidecar, stop_sidecars
 from tests.utils import REPO, wait_until
 
 #: A Spark task's view of the launcher: one process asking for GPU 7's sidecar, at
@@ -26,7 +26,7 @@ from tests.utils import REPO, wait_until
 _TASK = """
 import json, sys, time
 from spark_ext.config import SidecarEndpointConfig
-from spark_ext.sidecar_launcher import endpoint_for, ensure_sidecar
+from spark_ext.submit.sidecar_launcher import endpoint_for, ensure_sidecar
 cfg = SidecarEndpointConfig(**json.loads(sys.argv[1]))
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 print(json.dumps(ensure_sidecar(cfg, "7", endpoint_for(cfg, "7"))))

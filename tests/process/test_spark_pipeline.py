@@ -18,10 +18,10 @@ import pytest
 from sidecar.contract import PRIORITY_NAMES, write_text_atomically
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import TemplateOrderError
-from spark_ext.pipeline import StsPipeline
-from spark_ext.submit import submit_requests
-from spark_ext.tagging import build_requests
-from spark_ext.template import PromptTemplate
+from spark_ext.pipeline.sts_pipeline import StsPipeline
+from spark_ext.submit.submission import submit_requests
+from spark_ext.l2.prompts import build_requests
+from spark_ext.l2.template import PromptTemplate
 from tests.utils import (
     REPO,
     RemoteSidecar,
@@ -112,7 +112,7 @@ def test_plan_warm_up_writes_no_table_and_a_failure_is_only_logged(
     mine = tmp_path / "good" / "ck" / "plan-warm-up" / "mine.txt"  # not the pipeline's
     mine.parent.mkdir(parents=True)
     mine.write_text("keep")
-    with caplog.at_level(logging.INFO, logger="spark_ext.pipeline"):
+    with caplog.at_level(logging.INFO, logger="spark_ext.pipeline.sts_pipeline"):
         good = pipeline("good", {})
         good._warm_up_plan()
         good._warm_up_plan()  # the event file of the first start is reused

@@ -12,7 +12,7 @@ import pytest
 
 from sidecar.contract import event_span_id, write_text_atomically
 from spark_ext.config import PipelineConfig
-from spark_ext.pipeline import StsPipeline
+from spark_ext.pipeline.sts_pipeline import StsPipeline
 from sts_harness.trace_receiver import TraceReceiver
 from tests.utils import RemoteSidecar, wait_until
 

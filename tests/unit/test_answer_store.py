@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from sidecar.contract import RESULT_SCHEMA, result_file_name
-from spark_ext.answer_store import AnswerStore
-from spark_ext.answers import answers_from_refusals, answers_from_results, hour_of
-from spark_ext.results_source import ResultsStreamReader, conform, schema_problem
-from spark_ext.safety_net import SafetyNet
+from spark_ext.l4.answer_store import AnswerStore
+from spark_ext.l4.answers import answers_from_refusals, answers_from_results, hour_of
+from spark_ext.sources.result_files import ResultsStreamReader, conform, schema_problem
+from spark_ext.l4.safety_net import SafetyNet
 
 KEYS = ["event_id"]
 NOW = 1_800_000_000_000
@@ -212,7 +212,7 @@ def test_reader_keeps_read_files_within_retention(tmp_path: Path, retention: str
 
 
 def test_simple_reader_reads_on_the_driver_and_replays_a_range(tmp_path: Path) -> None:
-    from spark_ext.results_source import ResultsSimpleStreamReader
+    from spark_ext.sources.result_files import ResultsSimpleStreamReader
 
     results = tmp_path / "results"
     _write(results, result_file_name(NOW, 0, "sc"), _results(_result("a"), _result("b")))
@@ -230,7 +230,7 @@ def test_simple_reader_reads_on_the_driver_and_replays_a_range(tmp_path: Path) -
 
 
 def test_listing_parses_each_name_once_and_forgets_removed_files(tmp_path: Path) -> None:
-    from spark_ext.results_source import list_result_files
+    from spark_ext.sources.result_files import list_result_files
 
     results = tmp_path / "results"
     first = _write(results, result_file_name(NOW, 0, "sc"), _results(_result("a")))

@@ -188,7 +188,7 @@ def test_pipeline_job_config_mistakes(text: str | None, pattern: str, tmp_path: 
                                       capsys: pytest.CaptureFixture[str]) -> None:
     import re
 
-    from spark_ext.job import main as job_main
+    from spark_ext.pipeline.job import main as job_main
 
     path = tmp_path / "nope.yaml"
     if text is not None:

@@ -3,7 +3,7 @@ source; a safety-net fallback still names the articles its request used."""
 
 from __future__ import annotations
 
-from spark_ext.answers import answers_for_lost
+from spark_ext.l4.answers import answers_for_lost
 from sts_harness.demo import SOURCES, print_summary, summarize
 
 

@@ -14,6 +14,11 @@ from tests.utils import REPO, library_modules
 LAYERS = ("sidecar", "spark_ext", "sts_harness", "benchmarks")
 #: What other packages may import from the sidecar: its contract, client and wire code.
 SIDECAR_PUBLIC = ("sidecar", "sidecar.contract", "sidecar.client", "sidecar.pb")
+#: The layers of ``spark_ext`` from the bottom up: its top-level modules (config,
+#: session, URIs, ...), then L0 sources, L1, L2, the hand-off to the sidecar, L4 and the
+#: pipeline that wires them. A module imports only from its own layer or below.
+SPARK_EXT_LAYERS = ("spark_ext", "spark_ext.sources", "spark_ext.l1", "spark_ext.l2",
+                    "spark_ext.submit", "spark_ext.l4", "spark_ext.pipeline")
 #: Third-party packages the sidecar must not need (it runs alone on GPU nodes).
 NOT_IN_SIDECAR = ("pyspark", "pandas", "numpy", "deltalake", "matplotlib")
 
@@ -51,6 +56,43 @@ def test_no_module_imports_from_a_package_above_it() -> None:
     wrong = [f"{mod} imports {imp}" for mod, imps in IMPORTS.items() for imp in imps
              if _top(imp) in LAYERS and LAYERS.index(_top(imp)) > LAYERS.index(_top(mod))]
     assert not wrong, wrong
+
+
+def _spark_ext_layer(name: str) -> int:
+    """The index in :data:`SPARK_EXT_LAYERS` of a ``spark_ext`` module's layer (its
+    folder; a top-level module is the base layer)."""
+    parts = name.split(".")
+    folder = ".".join(parts[:2]) if len(parts) > 2 or (
+        len(parts) == 2 and name in SPARK_EXT_LAYERS) else "spark_ext"
+    return SPARK_EXT_LAYERS.index(folder)
+
+
+def _layer_violations(imports: dict[str, set[str]]) -> list[str]:
+    return [f"{mod} imports {imp}" for mod, imps in imports.items()
+            if _top(mod) == "spark_ext" and mod != "spark_ext"  # the public API re-exports
+            for imp in imps if _top(imp) == "spark_ext" and imp != "spark_ext"
+            and _spark_ext_layer(imp) > _spark_ext_layer(mod)]
+
+
+def test_spark_ext_layers_import_downwards_only() -> None:
+    """L0 < L1 < L2 < submit < L4 < pipeline, over the base modules."""
+    assert {_spark_ext_layer(m) for m in MODULES if _top(m) == "spark_ext"} == \
+        set(range(len(SPARK_EXT_LAYERS))), "a layer folder is missing or unknown"
+    wrong = _layer_violations(IMPORTS)
+    assert not wrong, wrong
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    """An L1 module importing L4 (even lazily, inside a function) is caught."""
+    text = "def f():\n    from spark_ext.l4.answers import fast_answers\n"
+    tmp = REPO / "spark_ext" / "l1" / "__layer_probe__.py"
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        found = _imports("spark_ext.l1.__layer_probe__", tmp)
+        assert _layer_violations({"spark_ext.l1.__layer_probe__": found}) == \
+            ["spark_ext.l1.__layer_probe__ imports spark_ext.l4.answers"]
+    finally:
+        tmp.unlink()
 
 
 def test_other_packages_use_only_the_sidecar_contract() -> None:
@@ -93,11 +135,11 @@ def test_no_import_cycles() -> None:
 
 def test_the_checker_sees_a_violation() -> None:
     """The walker resolves relative and lazy imports (so the tests above can fail)."""
-    text = "def f():\n    from spark_ext.pipeline import StsPipeline\n"
+    text = "def f():\n    from spark_ext.pipeline.sts_pipeline import StsPipeline\n"
     tmp = REPO / "sidecar" / "__layout_probe__.py"
     try:
         tmp.write_text(text, encoding="utf-8")
-        assert "spark_ext.pipeline" in _imports("sidecar.__layout_probe__", tmp)
+        assert "spark_ext.pipeline.sts_pipeline" in _imports("sidecar.__layout_probe__", tmp)
     finally:
         tmp.unlink()
 

@@ -211,7 +211,7 @@ def test_spark_submit_and_sidecar_stats_pass_the_credentials_from_config(
     from sidecar.cli import main
     from spark_ext.config import SidecarEndpointConfig
     from spark_ext.exceptions import SidecarAuthError
-    from spark_ext.submit import submit_batches
+    from spark_ext.submit.submission import submit_batches
     from tests.utils import make_request
 
     port = free_port()

@@ -148,7 +148,7 @@ def test_spark_submit_sends_only_the_chosen_rows_and_passes_the_others_through()
     import pyarrow as pa
 
     from spark_ext.config import SidecarEndpointConfig
-    from spark_ext.submit import ACK_SCHEMA, submit_batches
+    from spark_ext.submit.submission import ACK_SCHEMA, submit_batches
     from tests.utils import make_request
 
     rows = [dict(make_request(f"r{i}"), go=go) for i, go in enumerate([True, False, None, True])]

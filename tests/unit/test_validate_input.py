@@ -62,7 +62,7 @@ def test_parquet_and_partitioned_delta_events_are_read(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
     from deltalake import write_deltalake
 
-    from spark_ext.event_tables import read_event_table
+    from spark_ext.sources.event_tables import read_event_table
 
     events = pa.table({"ticket_id": ["T1", "T2", "T3"], "text": ["a", "b", "c"],
                        "priority": ["high", "low", "low"]})

@@ -9,7 +9,7 @@ import pytest
 
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineConfigError
-from spark_ext.validation import AnswerValidator, ValidationConfig, luhn_ok
+from spark_ext.l4.validation import AnswerValidator, ValidationConfig, luhn_ok
 
 
 def _check(text: str, **cfg) -> str | None:

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow as pa
 
-from spark_ext.answers import joined_ids
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineConfigError
 
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
 
 #: Final routes: the L1 ones plus ``kb`` (answered by L2).
 FINAL_ROUTES: tuple[str, ...] = ("llm", "rule", "drop", "kb")
-#: ``status`` of the answer row of a dropped event.
-DROPPED = "dropped"
 #: Retrieval columns only L2's own answers use: not sent with, nor recorded for,
 #: a submitted request (``kb_ids`` is, as an attribute).
 KB_ONLY_COLUMNS: tuple[str, ...] = ("kb_texts", "kb_context", "kb_answer", "kb_answer_id")
@@ -61,9 +58,9 @@ def open_in_worker(config: PipelineConfig) -> str:
     classifier and this process's knowledge-base reader (each cached, so a second call
     costs nothing), then freeze them out of the per-task garbage collection
     (:mod:`spark_ext.worker_gc`). Returns the device the model is on."""
-    from spark_ext.embedding import load_encoder, task_device
-    from spark_ext.knowledge_base import shared_reader
-    from spark_ext.routing import cached_model
+    from spark_ext.l1.embedding import load_encoder, task_device
+    from spark_ext.l2.knowledge_base import shared_reader
+    from spark_ext.l1.routing import cached_model
     from spark_ext.worker_gc import freeze_loaded
 
     device = task_device(config.embedding.device)
@@ -92,10 +89,10 @@ def fast_path_udf(config: PipelineConfig) -> Any:
     import numpy as np
     from pyspark.sql import functions as F
 
-    from spark_ext.embedding import embed_texts
-    from spark_ext.knowledge_base import KnowledgeBaseReader, shared_reader
-    from spark_ext.retrieval import RETRIEVAL_TYPE, retrieval_rows
-    from spark_ext.routing import RouterModel, cached_model
+    from spark_ext.l1.embedding import embed_texts
+    from spark_ext.l2.knowledge_base import KnowledgeBaseReader, shared_reader
+    from spark_ext.l2.retrieval import RETRIEVAL_TYPE, retrieval_rows
+    from spark_ext.l1.routing import RouterModel, cached_model
 
     embedding, kb = config.embedding, config.knowledge_base
     model_file = _model_file(config)
@@ -129,8 +126,8 @@ def apply_fast_path(events: "DataFrame", config: PipelineConfig) -> "DataFrame":
     the routing and retrieval columns, computed by :func:`fast_path_udf`."""
     from pyspark.sql import functions as F
 
-    from spark_ext.retrieval import RETRIEVAL_COLUMNS
-    from spark_ext.routing import apply_rules
+    from spark_ext.l2.retrieval import RETRIEVAL_COLUMNS
+    from spark_ext.l1.routing import apply_rules
 
     routing, kb = config.routing, config.knowledge_base
     model = routing.enabled and bool(routing.model_file)
@@ -199,45 +196,6 @@ def _open_then_pass(config: PipelineConfig, batches: Iterator[pa.RecordBatch]
     (:func:`open_in_worker`) and passes the rows through."""
     open_in_worker(config)
     yield from batches
-
-
-def fast_answers(rows: Iterable[Mapping[str, Any]], *, key_columns: list[str], rule_text: str
-                 ) -> list[dict]:
-    """Answer rows (for :meth:`AnswerStore.record_answers`) for tagged request rows whose
-    route is not ``llm``.
-
-    Example:
-        >>> rows = [{"request_id": "r1", "trace_id": "r1", "priority": "low", "route": "rule",
-        ...          "enqueue_ts": 1, "deadline_ts": 9, "event_id": "e1"},
-        ...         {"request_id": "r2", "route": "kb", "kb_answer": "Yes.",
-        ...          "kb_answer_id": "faq-1", "event_id": "e2"},
-        ...         {"request_id": "r3", "route": "llm", "event_id": "e3"}]
-        >>> [(a["answer"], a["answer_source"], a["status"], a["reason"])
-        ...  for a in fast_answers(rows, key_columns=["event_id"], rule_text="Hi!")]
-        [('Hi!', 'rule', 'ok', 'rule'), ('Yes.', 'kb', 'ok', 'kb:faq-1')]
-    """
-    out = []
-    for r in rows:
-        route = r.get("route")
-        if route == "llm" or route is None:
-            continue
-        if route == "kb":
-            answer, source, status, reason = (r.get("kb_answer"), "kb", "ok",
-                                              f"kb:{r.get('kb_answer_id')}")
-        elif route == "rule":
-            answer, source, status, reason = rule_text, "rule", "ok", "rule"
-        else:
-            answer, source, status, reason = "", "rule", DROPPED, "drop"
-        row = {"request_id": r["request_id"], "trace_id": r.get("trace_id"),
-               "priority": r.get("priority"), "answer": answer, "answer_source": source,
-               "status": status, "reason": reason, "fallback_text": None,
-               "enqueue_ts": r.get("enqueue_ts"), "submit_ts": None, "received_ts": None,
-               "finish_ts": None, "deadline_ts": r.get("deadline_ts"),
-               "kb_ids": (joined_ids(r.get("kb_answer_id")) if route == "kb"
-                          else joined_ids(r.get("kb_ids")))}
-        row.update({k: r.get(k) for k in key_columns if k not in row})
-        out.append(row)
-    return out
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """L2: retrieval from the knowledge base as a pandas UDF, one Milvus search per batch.
 
 :func:`retrieve` adds to each event the ``top_k`` best articles of
-:mod:`spark_ext.knowledge_base` that score at least ``min_score`` (``kb_ids``,
+:mod:`spark_ext.l2.knowledge_base` that score at least ``min_score`` (``kb_ids``,
 ``kb_scores``, ``kb_texts``), the best score of all (``kb_top_score``), the
 retrieved context for the prompt (``kb_context``) and, when the best hit is an FAQ
 article at or above ``faq_min_score``, that article's answer (``kb_answer``: the event
@@ -9,7 +9,7 @@ can be answered without the LLM, ``answer_source = kb``).
 
 Each Arrow batch becomes one Milvus search call with all its query vectors (not one
 per row). The reader is opened once per Python worker (for Milvus Lite a private copy
-of the published database, see :mod:`spark_ext.knowledge_base`) and follows rebuilds.
+of the published database, see :mod:`spark_ext.l2.knowledge_base`) and follows rebuilds.
 
 The context keeps prefix caching intact: the template's stable part comes first and
 never changes, the context follows it in a deterministic order (score, then id), then
@@ -126,7 +126,7 @@ def retrieval_udf(kb: KnowledgeBaseConfig) -> Any:
     import numpy as np
     from pyspark.sql import functions as F
 
-    from spark_ext.knowledge_base import KnowledgeBaseReader, shared_reader
+    from spark_ext.l2.knowledge_base import KnowledgeBaseReader, shared_reader
 
     KnowledgeBaseReader(kb).close()  # fail on the driver (no database, no collection)
 
@@ -160,7 +160,7 @@ def retrieve(df: "DataFrame", kb: KnowledgeBaseConfig, embedding: EmbeddingConfi
     """
     from pyspark.sql import functions as F
 
-    from spark_ext.embedding import embed_column
+    from spark_ext.l1.embedding import embed_column
 
     if kb.text_column not in df.columns:
         raise ValueError(f"knowledge_base.text_column={kb.text_column!r} is not a column of "

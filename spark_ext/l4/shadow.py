@@ -1,6 +1,6 @@
 """The ``shadow_answers`` table: what the model would have answered (rollout ``shadow``).
 
-Shadow requests carry :data:`~spark_ext.rollout.SHADOW_ATTRIBUTE`; their result rows
+Shadow requests carry :data:`~spark_ext.l4.rollout.SHADOW_ATTRIBUTE`; their result rows
 (and refusals) are turned into answer rows exactly as served answers are, validation
 included (``status = invalid`` and the rule in ``reason`` when the model's text breaks
 one; the text itself is kept in ``model_text``), but written to ``shadow_answers``,
@@ -16,10 +16,10 @@ import time
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_ext.answer_store import AnswerLedger, AnswerStore
-from spark_ext.answers import (answers_from_refusals, answers_from_results, build_answers,
+from spark_ext.l4.answer_store import AnswerLedger, AnswerStore
+from spark_ext.l4.answers import (answers_from_refusals, answers_from_results, build_answers,
                                hours_between, invalid_results, reject_invalid)
-from spark_ext.rollout import SHADOW_ATTRIBUTE
+from spark_ext.l4.rollout import SHADOW_ATTRIBUTE
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class ShadowAnswers:
     def record_results(self, results: pa.Table, *, check, fallback_text: str, app_id: str,
                        version: int) -> int:
         """Shadow answers from terminal result rows, after validation (``check``: the
-        pipeline's :meth:`~spark_ext.validation.AnswerValidator.check`). Late rows are
+        pipeline's :meth:`~spark_ext.l4.validation.AnswerValidator.check`). Late rows are
         ignored (nothing is backfilled in the shadow table)."""
         if "late" in results.column_names:
             results = results.filter(pc.invert(pc.fill_null(results.column("late"), False)))

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from spark_ext.answers import build_answers, hour_of, hours_between
+from spark_ext.l4.answers import build_answers, hour_of, hours_between
 
 if TYPE_CHECKING:
     from spark_ext.tracing import AnswerSpans

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,7 +24,7 @@ from pyspark.sql.types import StructType
 from spark_ext.config import SidecarEndpointConfig
 from spark_ext.exceptions import SidecarAuthError
 from spark_ext.schemas import spark_schema
-from spark_ext.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
+from spark_ext.submit.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
 from spark_ext.tracing import SubmitSpans, driver_otel_env, task_tracing
 from spark_ext.worker_gc import freeze_loaded
 
@@ -42,7 +43,7 @@ def resolve_endpoint(config: SidecarEndpointConfig) -> str:
 
     Spark assigns GPUs to tasks (``spark.task.resource.gpu.amount``); the first
     address ``N`` maps to ``config.gpu_endpoint.format(gpu=N)``. Nothing is started
-    here (:func:`spark_ext.sidecar_launcher.task_sidecar` also starts it with
+    here (:func:`spark_ext.submit.sidecar_launcher.task_sidecar` also starts it with
     ``launch: lazy``).
     """
     return endpoint_for(config, task_gpu() if config.gpu_endpoint else None)
@@ -77,16 +78,13 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     matched to rows by ``request_id``, not by position. With tracing on (``otel_env``, the driver's
     ``OTEL_*`` variables, or the worker's own) each request also carries its
     ``traceparent`` and the L1 spans are written (:mod:`spark_ext.tracing`)."""
-    import grpc
-
-    from sidecar.client import SidecarClient, describe_rpc_error, request_to_proto
-    from sidecar.contract import now_ms
-    from sidecar.pb.sts.v1 import inference_pb2 as pb
+    from sidecar.client import SidecarClient
 
     freeze_loaded("submit")  # its imports: out of the per-task GC
     endpoint = task_sidecar(config)  # started first if launch: lazy and not serving
     client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
     tracing = task_tracing(otel_env or {})
+    attributes = _Attributes(attribute_columns, extra_attributes or {})
     try:
         for batch in batches:
             if submit_when is not None:
@@ -95,56 +93,86 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                     yield _not_submitted(passed)
                 batch = batch.filter(chosen)
             for start in range(0, batch.num_rows, config.max_batch):
-                chunk = batch.slice(start, config.max_batch)
-                rows = chunk.to_pylist()
-                now = now_ms()
-                for r in rows:
-                    r["submit_ts"] = now
-                    r["attributes"] = {**(extra_attributes or {}),
-                                       **{c: _attribute(r[c]) for c in attribute_columns
-                                          if r.get(c) is not None}}
-                spans = None
-                if tracing is not None:
-                    spans = SubmitSpans(tracing, traceparent_column)
-                    spans.prepare(rows)
-                try:
-                    reply = client.submit([request_to_proto(r) for r in rows])
-                    _check_ack_identity(rows, reply.acks)
-                    acks = {
-                        "accepted": [a.accepted for a in reply.acks],
-                        "reason": [None if a.accepted else
-                                   pb.RefusalReason.Name(a.reason)
-                                   .removeprefix("REFUSAL_REASON_").lower()
-                                   for a in reply.acks],
-                        "detail": [a.detail or None for a in reply.acks],
-                        "duplicate": [a.duplicate for a in reply.acks],
-                        "submit_ts": [now] * len(rows),
-                        "sidecar_id": [reply.sidecar_id] * len(rows),
-                        "endpoint": [endpoint] * len(rows),
-                        "sidecar_fallback_text": [a.fallback_text or None for a in reply.acks],
-                    }
-                except grpc.RpcError as e:
-                    code = e.code()
-                    if code in (grpc.StatusCode.UNAUTHENTICATED,
-                                grpc.StatusCode.PERMISSION_DENIED):
-                        raise SidecarAuthError(describe_rpc_error(e, endpoint)) from None
-                    logger.warning("Sidecar %s did not ack %d requests: %s", endpoint,
-                                   len(rows), code)
-                    acks = _refused(len(rows), "unavailable", f"{code.name}: {e.details()}",
-                                    now, endpoint)
-                keep = [n for n in chunk.schema.names if n != "prompt"]
-                arrays = [chunk.column(n) for n in keep]
-                if spans is not None:
-                    spans.end(acks["accepted"], acks["reason"], endpoint)
-                    if "trace_id" in keep:  # the W3C trace ids
-                        arrays[keep.index("trace_id")] = pa.array(
-                            [r["trace_id"] for r in rows], chunk.column("trace_id").type)
-                arrays += [pa.array(acks[f.name], type=f.type) for f in ACK_SCHEMA]
-                yield pa.RecordBatch.from_arrays(arrays, names=keep + ACK_SCHEMA.names)
+                spans = SubmitSpans(tracing, traceparent_column) if tracing is not None else None
+                yield _submit_chunk(client, endpoint, batch.slice(start, config.max_batch),
+                                    attributes, spans)
     finally:
         client.close()
         if tracing is not None:  # the task ends: its spans go out now (never waited for)
             tracing.flush_soon()
+
+
+@dataclass(frozen=True)
+class _Attributes:
+    """What each request carries in ``attributes``: the fixed ``extra`` ones plus the
+    row's ``columns`` as strings (the sidecar echoes them on the result row)."""
+
+    columns: Sequence[str]
+    extra: Mapping[str, str]
+
+    def of(self, row: Mapping[str, object]) -> dict[str, str]:
+        return {**self.extra, **{c: _attribute(row[c]) for c in self.columns
+                                 if row.get(c) is not None}}
+
+
+def _submit_chunk(client, endpoint: str, chunk: pa.RecordBatch, attributes: _Attributes,
+                  spans: SubmitSpans | None) -> pa.RecordBatch:
+    """One ``SubmitBatch`` call for ``chunk``; the chunk back without its prompt, with
+    the ack columns (:data:`ACK_SCHEMA`) added."""
+    from sidecar.contract import now_ms
+
+    rows = chunk.to_pylist()
+    now = now_ms()
+    for r in rows:
+        r["submit_ts"] = now
+        r["attributes"] = attributes.of(r)
+    if spans is not None:
+        spans.prepare(rows)
+    acks = _ask(client, endpoint, rows, now)
+    keep = [n for n in chunk.schema.names if n != "prompt"]
+    arrays = [chunk.column(n) for n in keep]
+    if spans is not None:
+        spans.end(acks["accepted"], acks["reason"], endpoint)
+        if "trace_id" in keep:  # the W3C trace ids
+            arrays[keep.index("trace_id")] = pa.array(
+                [r["trace_id"] for r in rows], chunk.column("trace_id").type)
+    arrays += [pa.array(acks[f.name], type=f.type) for f in ACK_SCHEMA]
+    return pa.RecordBatch.from_arrays(arrays, names=keep + ACK_SCHEMA.names)
+
+
+def _ask(client, endpoint: str, rows: list[dict], now: int) -> dict[str, list]:
+    """The ack columns of ``rows`` from the sidecar; ``unavailable`` refusals when it
+    does not answer. Refused credentials are no fallback: they raise.
+
+    Raises:
+        SidecarAuthError: the sidecar refused the credentials.
+    """
+    import grpc
+
+    from sidecar.client import describe_rpc_error, request_to_proto
+    from sidecar.pb.sts.v1 import inference_pb2 as pb
+
+    try:
+        reply = client.submit([request_to_proto(r) for r in rows])
+    except grpc.RpcError as e:
+        code = e.code()
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            raise SidecarAuthError(describe_rpc_error(e, endpoint)) from None
+        logger.warning("Sidecar %s did not ack %d requests: %s", endpoint, len(rows), code)
+        return _refused(len(rows), "unavailable", f"{code.name}: {e.details()}", now, endpoint)
+    _check_ack_identity(rows, reply.acks)
+    return {
+        "accepted": [a.accepted for a in reply.acks],
+        "reason": [None if a.accepted else
+                   pb.RefusalReason.Name(a.reason).removeprefix("REFUSAL_REASON_").lower()
+                   for a in reply.acks],
+        "detail": [a.detail or None for a in reply.acks],
+        "duplicate": [a.duplicate for a in reply.acks],
+        "submit_ts": [now] * len(rows),
+        "sidecar_id": [reply.sidecar_id] * len(rows),
+        "endpoint": [endpoint] * len(rows),
+        "sidecar_fallback_text": [a.fallback_text or None for a in reply.acks],
+    }
 
 
 def _not_submitted(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -14,7 +14,7 @@ Three ways a request gets its one answer row, all with the same columns
 
 A late ``ok`` row (``late = true``, the ``finish_and_backfill`` policy) or an
 ``ok`` row for a request already answered with the fallback upgrades that answer
-to ``backfill`` (:class:`spark_ext.answer_store.AnswerStore`).
+to ``backfill`` (:class:`spark_ext.l4.answer_store.AnswerStore`).
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ KB_IDS = "kb_ids"
 NO_RESULT = "no_result"
 #: ``reason`` of a fallback for a request the sidecar could not be reached for.
 UNAVAILABLE = "unavailable"
+
+#: ``status`` of the answer row of a dropped event.
+DROPPED = "dropped"
 
 
 def hour_of(epoch_ms: int | None) -> str:
@@ -246,3 +249,43 @@ def review_rows(results: pa.Table, invalid: Mapping[str, str], *, key_columns: l
         if k not in schema.names:
             schema = schema.append(pa.field(k, pa.string()))
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def fast_answers(rows: Iterable[Mapping[str, Any]], *, key_columns: list[str], rule_text: str
+                 ) -> list[dict]:
+    """Answer rows (for :meth:`AnswerStore.record_answers`) for tagged request rows whose
+    route is not ``llm``: ``rule`` and ``drop`` (answered by L1), ``kb`` (answered from
+    the knowledge base by L2).
+
+    Example:
+        >>> rows = [{"request_id": "r1", "trace_id": "r1", "priority": "low", "route": "rule",
+        ...          "enqueue_ts": 1, "deadline_ts": 9, "event_id": "e1"},
+        ...         {"request_id": "r2", "route": "kb", "kb_answer": "Yes.",
+        ...          "kb_answer_id": "faq-1", "event_id": "e2"},
+        ...         {"request_id": "r3", "route": "llm", "event_id": "e3"}]
+        >>> [(a["answer"], a["answer_source"], a["status"], a["reason"])
+        ...  for a in fast_answers(rows, key_columns=["event_id"], rule_text="Hi!")]
+        [('Hi!', 'rule', 'ok', 'rule'), ('Yes.', 'kb', 'ok', 'kb:faq-1')]
+    """
+    out = []
+    for r in rows:
+        route = r.get("route")
+        if route == "llm" or route is None:
+            continue
+        if route == "kb":
+            answer, source, status, reason = (r.get("kb_answer"), "kb", "ok",
+                                              f"kb:{r.get('kb_answer_id')}")
+        elif route == "rule":
+            answer, source, status, reason = rule_text, "rule", "ok", "rule"
+        else:
+            answer, source, status, reason = "", "rule", DROPPED, "drop"
+        row = {"request_id": r["request_id"], "trace_id": r.get("trace_id"),
+               "priority": r.get("priority"), "answer": answer, "answer_source": source,
+               "status": status, "reason": reason, "fallback_text": None,
+               "enqueue_ts": r.get("enqueue_ts"), "submit_ts": None, "received_ts": None,
+               "finish_ts": None, "deadline_ts": r.get("deadline_ts"),
+               "kb_ids": (joined_ids(r.get("kb_answer_id")) if route == "kb"
+                          else joined_ids(r.get("kb_ids")))}
+        row.update({k: r.get(k) for k in key_columns if k not in row})
+        out.append(row)
+    return out

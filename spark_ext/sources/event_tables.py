@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spark_ext.exceptions import InputFileError
-from spark_ext.jsonl_input import read_jsonl
+from spark_ext.sources.jsonl_input import read_jsonl
 
 #: File suffixes read as JSON lines.
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -21,7 +21,7 @@ def _read_delta(path: Path) -> pa.Table:
     """The active files of a Delta table, with its (hive-style) partition values.
 
     Read file by file with ``pyarrow.parquet`` (see
-    :meth:`spark_ext.answer_store.AnswerStore.read` for why not ``to_pyarrow_table``)."""
+    :meth:`spark_ext.l4.answer_store.AnswerStore.read` for why not ``to_pyarrow_table``)."""
     from deltalake import DeltaTable
 
     dt = DeltaTable(str(path))

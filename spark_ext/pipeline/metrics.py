@@ -70,7 +70,7 @@ class PipelineMetrics(StreamingQueryListener):
     """Micro-batch figures of the pipeline's queries plus its counters, on a registry.
 
     Args:
-        pipeline: The :class:`~spark_ext.pipeline.StsPipeline` whose queries (``sts-*``)
+        pipeline: The :class:`~spark_ext.pipeline.sts_pipeline.StsPipeline` whose queries (``sts-*``)
             and counters are exported.
         registry: Where the metrics live (a new one by default).
 

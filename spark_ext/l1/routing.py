@@ -28,7 +28,7 @@ import pandas as pd
 from sidecar.contract import PRIORITY_NAMES, write_text_atomically
 from spark_ext.config import ROUTES, EmbeddingConfig, RoutingConfig
 from spark_ext.exceptions import RoutingModelError
-from spark_ext.jsonl_input import non_empty_string, one_of, read_jsonl
+from spark_ext.sources.jsonl_input import non_empty_string, one_of, read_jsonl
 
 if TYPE_CHECKING:
     import numpy as np
@@ -160,7 +160,7 @@ def train_router(input_path: str | os.PathLike[str], out_path: str | os.PathLike
     import numpy as np
     from sklearn.model_selection import GroupShuffleSplit
 
-    from spark_ext.embedding import embed_texts, model_path
+    from spark_ext.l1.embedding import embed_texts, model_path
     from spark_ext.exceptions import InputFileError
 
     if not 0 < holdout < 1:
@@ -253,7 +253,7 @@ def route_events(df: "DataFrame", config: RoutingConfig, embedding: EmbeddingCon
     """
     from pyspark.sql import functions as F
 
-    from spark_ext.embedding import embed_column
+    from spark_ext.l1.embedding import embed_column
 
     if config.text_column not in df.columns:
         raise ValueError(f"routing.text_column={config.text_column!r} is not a column of "

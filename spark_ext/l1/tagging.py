@@ -1,4 +1,7 @@
-"""L1/L2: add the seed's request columns to any (streaming) DataFrame."""
+"""L1: tag events as requests: ids, priority, deadlines, model and budget.
+
+The prompt (L2) is added by :func:`spark_ext.l2.prompts.build_requests`.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,11 @@ from pyspark.sql import functions as F
 
 from sidecar.contract import PRIORITY_NAMES
 from spark_ext.config import TaggingConfig
-from spark_ext.template import PromptTemplate
 
-#: Columns every request row carries after :func:`build_requests`.
-REQUEST_COLUMNS: tuple[str, ...] = (
-    "request_id", "trace_id", "priority", "enqueue_ts", "deadline_ts", "model", "prompt",
-    "max_tokens", "temperature", "cache_key", "callback_topic",
+#: Columns :func:`tag_requests` adds (the prompt's two come from L2).
+TAG_COLUMNS: tuple[str, ...] = (
+    "request_id", "trace_id", "priority", "enqueue_ts", "deadline_ts", "model",
+    "max_tokens", "temperature", "callback_topic",
 )
 
 
@@ -24,8 +26,10 @@ def _expr(name_or_expr: str, df: DataFrame) -> Column:
     return F.col(name_or_expr) if name_or_expr in df.columns else F.expr(name_or_expr)
 
 
-def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplate) -> DataFrame:
-    """Return ``df`` with the request columns added (existing columns are kept).
+def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...] = ()
+                 ) -> DataFrame:
+    """Return ``df`` with the :data:`TAG_COLUMNS` added (existing columns are kept);
+    ``needs`` names further columns that must exist (the template's fields).
 
     ``request_id`` is a SHA-256 of the key columns, so a replayed event maps to
     the same id and the sidecar and the Delta MERGE drop the replay. Priorities
@@ -34,10 +38,9 @@ def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplat
 
     Usage::
 
-        reqs = build_requests(events, TaggingConfig(), PromptTemplate(
-            stable="You triage tickets.\\n", dynamic="Ticket: {text}"))
+        tagged = tag_requests(events, TaggingConfig())
     """
-    named = [*config.key_columns, *template.fields]
+    named = [*config.key_columns, *needs]
     if config.traceparent and config.traceparent.isidentifier():
         named.append(config.traceparent)
     missing = [c for c in named if c not in df.columns]
@@ -74,10 +77,8 @@ def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplat
              .withColumn("deadline_ts", F.col("enqueue_ts") + F.coalesce(
                  sla, F.lit(config.sla_ms["normal"])))
              .withColumn("model", F.lit(config.model))
-             .withColumn("prompt", template.column())
              .withColumn("max_tokens", max_tokens.cast("int"))
              .withColumn("temperature", F.lit(config.temperature).cast("float"))
-             .withColumn("cache_key", F.lit(template.cache_key))
              .withColumn("callback_topic", F.replace(F.lit(config.callback_topic),
                                                      F.lit("{priority}"), F.col("priority"))))
     return out

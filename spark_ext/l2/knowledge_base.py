@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ext.config import EmbeddingConfig, KnowledgeBaseConfig
 from spark_ext.exceptions import InputFileError, KnowledgeBaseError
-from spark_ext.jsonl_input import non_empty_string, read_jsonl
+from spark_ext.sources.jsonl_input import non_empty_string, read_jsonl
 
 if TYPE_CHECKING:
     import numpy as np
@@ -201,7 +201,7 @@ def build_knowledge_base(input_path: str | os.PathLike[str], kb: KnowledgeBaseCo
         InputFileError: Missing or empty file, or bad lines (with their numbers).
         KnowledgeBaseError: Milvus cannot be opened or written.
     """
-    from spark_ext.embedding import embed_texts
+    from spark_ext.l1.embedding import embed_texts
 
     start = time.monotonic()
     articles = read_articles(input_path)
@@ -429,7 +429,7 @@ def search_text(question: str, kb: KnowledgeBaseConfig, embedding: EmbeddingConf
         InputFileError: ``question`` is empty.
         KnowledgeBaseError: No knowledge base or collection.
     """
-    from spark_ext.embedding import embed_texts
+    from spark_ext.l1.embedding import embed_texts
 
     if not question.strip():
         raise InputFileError("the question is empty")

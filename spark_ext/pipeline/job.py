@@ -1,7 +1,7 @@
 """The pipeline as a ``spark-submit`` job.
 
     sts sidecar &                                      # or a sidecar per GPU on a cluster
-    spark-submit --master 'local[2]' spark_ext/job.py --config conf/pipeline.yaml \\
+    spark-submit --master 'local[2]' spark_ext/pipeline/job.py --config conf/pipeline.yaml \\
         --until-idle 30 &
     sts events --to sts-job/events --rate 2 --duration 60
 
@@ -22,7 +22,7 @@ import time
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spark_ext/job.py",
+    parser = argparse.ArgumentParser(prog="spark_ext/pipeline/job.py",
                                      description="sts-spark streaming job")
     parser.add_argument("--config", default="conf/pipeline.yaml", help="pipeline YAML")
     parser.add_argument("--timeout", type=float, default=None,
@@ -57,13 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     for name, value in (("--timeout", args.timeout), ("--until-idle", args.until_idle)):
         if value is not None and not value > 0:
-            print(f"sts: {name} must be > 0 seconds (got {value}) (spark_ext/job.py)",
+            print(f"sts: {name} must be > 0 seconds (got {value}) (spark_ext/pipeline/job.py)",
                   file=sys.stderr)
             return 2
 
     from spark_ext.config import PipelineConfig
     from spark_ext.exceptions import PipelineConfigError, PipelineFailedError
-    from spark_ext.pipeline import StsPipeline
+    from spark_ext.pipeline.sts_pipeline import StsPipeline
 
     try:
         config = PipelineConfig.from_yaml(args.config)

@@ -8,7 +8,7 @@ tickers:
                  of the events L1/L2 answered (they pass through the submission
                  unsent) and a fallback for every refused request in one commit, the
                  ``requests`` table, and the accepted ones handed to the safety net.
-``sts-answers``  the sidecar's result rows (:mod:`spark_ext.results_source`) -> the
+``sts-answers``  the sidecar's result rows (:mod:`spark_ext.sources.result_files`) -> the
                  ``results`` table and, statelessly, the answers: ``ok`` -> ``llm``,
                  anything else -> ``fallback``; an ``ok`` row for a request already
                  answered with the fallback (a late result) -> ``backfill``.
@@ -17,12 +17,12 @@ safety net       every ``safety_net_interval_s``: accepted requests with no answ
                  when no result arrives at all (sidecar killed).
 maintenance      every ``maintenance.interval_s``: compaction and vacuum of the tables.
 
-With a ``rollout`` mode other than ``full`` (:mod:`spark_ext.rollout`), the submit
+With a ``rollout`` mode other than ``full`` (:mod:`spark_ext.l4.rollout`), the submit
 query answers the events of the rule arm at once and submits only the model's arm;
-``shadow`` results go to the ``shadow_answers`` table (:mod:`spark_ext.shadow`).
+``shadow`` results go to the ``shadow_answers`` table (:mod:`spark_ext.l4.shadow`).
 
 Every write is an idempotent Delta append (app transaction = query + batch id), and
-the store's ledger keeps one answer row per request (:mod:`spark_ext.answer_store`).
+the store's ledger keeps one answer row per request (:mod:`spark_ext.l4.answer_store`).
 If a query or a ticker dies, the pipeline stops everything and :meth:`StsPipeline.check`
 raises :class:`~spark_ext.exceptions.PipelineFailedError` with a one-line reason.
 """
@@ -43,21 +43,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sidecar.contract import now_ms
-from spark_ext import fast_path
-from spark_ext.answer_store import AnswerStore
-from spark_ext.answers import (KB_IDS, answers_from_refusals, answers_from_results, invalid_results,
-                               reject_invalid, review_rows)
+from spark_ext.l2 import fast_path
+from spark_ext.l4.answer_store import AnswerStore
+from spark_ext.l4.answers import (KB_IDS, answers_from_refusals, answers_from_results,
+                                  fast_answers, invalid_results, reject_invalid, review_rows)
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineFailedError
-from spark_ext.results_source import SOURCE_NAME, register_results_source
-from spark_ext.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, rollout_answers, with_arm
-from spark_ext.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
-from spark_ext.shadow import ShadowAnswers, shadow_mask
-from spark_ext.submit import check_sidecars, submit_requests
-from spark_ext.tagging import build_requests
-from spark_ext.template import PromptTemplate
+from spark_ext.sources.events import event_source
+from spark_ext.sources.results import read_results
+from spark_ext.uris import is_local_uri, local_path
+from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, rollout_answers, with_arm
+from spark_ext.l4.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
+from spark_ext.l4.shadow import ShadowAnswers, shadow_mask
+from spark_ext.submit.submission import check_sidecars, submit_requests
+from spark_ext.l2.prompts import build_requests
+from spark_ext.l2.template import PromptTemplate
 from spark_ext.tracing import answer_spans
-from spark_ext.validation import AnswerValidator
+from spark_ext.l4.validation import AnswerValidator
 
 logger = logging.getLogger(__name__)
 
@@ -98,16 +100,6 @@ def one_line_reason(e: BaseException) -> str:
     if named:
         return named[-1]
     return f"{type(e).__name__}: {lines[0] if lines else ''}"
-
-
-def is_local_path(path: str) -> bool:
-    """``True`` for a folder on the local file system (no scheme, or ``file:``).
-
-    Example:
-        >>> is_local_path("/tmp/ckpt"), is_local_path("file:///tmp/ckpt"), is_local_path("s3a://b/c")
-        (True, True, False)
-    """
-    return "://" not in path or path.startswith("file:")
 
 
 def local_checkpoint_manager(spark: SparkSession) -> str | None:
@@ -172,7 +164,7 @@ class StsPipeline:
         self.submitted = 0
         """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
         self.shadow = ShadowAnswers(self.store, horizon_s=config.answers.ledger_horizon_s)
-        """The ``shadow_answers`` table (rollout ``shadow``, :mod:`spark_ext.shadow`)."""
+        """The ``shadow_answers`` table (rollout ``shadow``, :mod:`spark_ext.l4.shadow`)."""
         self.fast_path_stats = fast_path.FastPathStats()
         """Routes and retrieval hits of L1/L2 since start (empty when both are off)."""
         self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
@@ -181,16 +173,19 @@ class StsPipeline:
         self.queries: list[StreamingQuery] = []
         self.tickers: list[Ticker] = []
         self.metrics = None
-        """The Prometheus exporter (:class:`~spark_ext.metrics.PipelineMetrics`) when
+        """The Prometheus exporter (:class:`~spark_ext.pipeline.metrics.PipelineMetrics`) when
         ``output.metrics_port`` is set; ``metrics_port`` is the port it serves."""
         self.metrics_port: int | None = None
         self.failure: str | None = None
         self._stopping = threading.Event()
+        self.source = event_source(config.source)
+        """The L0 reader of ``source.format`` (:mod:`spark_ext.sources.events`)."""
         folders = [config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
-        if config.source.format != "rate" and "://" not in config.source.path:
-            folders.append(config.source.path)  # Spark's file source needs it to exist
+        if folder := self.source.local_folder():
+            folders.append(folder)  # Spark's file source needs it to exist
         for d in folders:
-            Path(d).mkdir(parents=True, exist_ok=True)
+            if is_local_uri(d):
+                local_path(d).mkdir(parents=True, exist_ok=True)
 
     def _app_id(self, query: str, table: str) -> str:
         """Delta app-transaction id: stable across restarts of the same checkpoints."""
@@ -199,16 +194,12 @@ class StsPipeline:
     # -------------------------------------------------------------- DataFrames
 
     def events(self) -> DataFrame:
-        src = self.config.source
-        reader = self.spark.readStream
-        if src.format == "rate":
-            return reader.format("rate").options(**src.options).load()
-        return reader.schema(src.schema).options(**src.options).format(src.format).load(src.path)
+        return self.source.read_stream(self.spark)
 
     def requests(self, events: DataFrame | None = None) -> DataFrame:
         events = events if events is not None else self.events()
         if self.config.features.enabled:  # stream-static join, before the L1 rules
-            from spark_ext.features import join_features
+            from spark_ext.l2.features import join_features
 
             events = join_features(events, self.config.features, self.spark)
         if fast_path.enabled(self.config):  # L1 routing / L2 retrieval: adds `route`
@@ -225,11 +216,7 @@ class StsPipeline:
                                traceparent_column=self.config.tagging.traceparent)
 
     def results(self) -> DataFrame:
-        register_results_source(self.spark)
-        return (self.spark.readStream.format(SOURCE_NAME)
-                .option("path", self.config.sidecar.results_dir)
-                .option("retentionSeconds", str(self.config.maintenance.results_retention_s))
-                .load())
+        return read_results(self.spark, self.config)
 
     # -------------------------------------------------------------- batch writers
 
@@ -267,7 +254,7 @@ class StsPipeline:
     def _routed_acks(self, events: DataFrame | None = None) -> DataFrame:
         """L1/L2 or a rollout mode on: every request row, with ack columns where it was
         submitted (route ``llm``, and the ``llm``/``shadow`` arm) and null ones where it
-        was not, from one ``mapInArrow`` (:func:`~spark_ext.submit.submit_requests`)."""
+        was not, from one ``mapInArrow`` (:func:`~spark_ext.submit.submission.submit_requests`)."""
         from pyspark.sql import functions as F
 
         requests = self.requests(events)
@@ -288,7 +275,7 @@ class StsPipeline:
         """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once, ``llm``
         ones were submitted in the same job (:meth:`_routed_acks`). With a rollout
         mode, ``rule``/``shadow`` arm events get the rule answer at once (``shadow``
-        ones were submitted too, :mod:`spark_ext.rollout`). One Spark job, one commit
+        ones were submitted too, :mod:`spark_ext.l4.rollout`). One Spark job, one commit
         to ``answers`` and one to ``requests`` per micro-batch."""
         table = batch.toArrow()
         if table.num_rows == 0:
@@ -298,7 +285,7 @@ class StsPipeline:
         if fast_path.enabled(self.config):
             self.fast_path_stats.add(table)
             direct = table.filter(pc.fill_null(pc.not_equal(table.column("route"), "llm"), True))
-            answers += fast_path.fast_answers(direct.to_pylist(), key_columns=keys,
+            answers += fast_answers(direct.to_pylist(), key_columns=keys,
                                               rule_text=self.config.routing.rule_text)
         if ARM_COLUMN in table.column_names:
             held = table.filter(pc.fill_null(
@@ -361,7 +348,7 @@ class StsPipeline:
             writer = writer.trigger(processingTime=f"{seconds} seconds")
         # A query copies the session's conf when it starts: set ours for our queries only.
         confs = {_POLLING_DELAY: f"{self.config.output.idle_poll_ms}ms"}
-        if is_local_path(self.config.output.checkpoint_dir) and (
+        if is_local_uri(self.config.output.checkpoint_dir) and (
                 manager := local_checkpoint_manager(self.spark)):
             confs[_CHECKPOINT_MANAGER] = manager
         previous = {k: self.spark.conf.get(k, None) for k in confs}
@@ -388,7 +375,7 @@ class StsPipeline:
         if self.config.sidecar.check_at_start:
             self.check_sidecars()
         if (port := self.config.output.metrics_port) is not None:
-            from spark_ext.metrics import PipelineMetrics
+            from spark_ext.pipeline.metrics import PipelineMetrics
 
             self.metrics = PipelineMetrics(self)
             self.spark.streams.addListener(self.metrics)
@@ -425,38 +412,27 @@ class StsPipeline:
         return self.queries
 
     def _warm_up_plan(self) -> None:
-        """Run the submit query's request plan once over one all-null event read from
-        a file like the events, writing nothing (``noop``) and submitting nothing, so
-        Spark compiles its generated code before the first micro-batch instead of in
-        it (measured: the first micro-batch's job 2.0 s -> 0.28 s with L1/L2). The
-        event file is written once per format and schema into
-        ``<checkpoint_dir>/plan-warm-up/<format>-<hash>`` and reused; nothing there is
-        ever overwritten or deleted. A failure is logged and skipped, never fatal."""
+        """Run the submit query's request plan once over one all-null event read the way
+        the source reads its events (:meth:`~spark_ext.sources.events.EventSource.warm_up_events`;
+        file sources: a file written once per format and schema into
+        ``<checkpoint_dir>/plan-warm-up/<format>-<hash>`` and reused, never overwritten
+        or deleted), writing nothing (``noop``) and submitting nothing, so Spark
+        compiles its generated code before the first micro-batch instead of in it
+        (measured: the first micro-batch's job 2.0 s -> 0.28 s with L1/L2). A failure is
+        logged and skipped, never fatal."""
         src = self.config.source
-        if src.format == "rate":
-            return
         tag = hashlib.sha1(src.schema.encode()).hexdigest()[:10]
         folder = self.config.output.checkpoint(f"plan-warm-up/{src.format}-{tag}")
         started = time.monotonic()
         try:
-            if not self._exists(folder):
-                schema = self.spark.createDataFrame([], src.schema).schema
-                event = self.spark.createDataFrame([(None,) * len(schema)], schema)
-                event.write.mode("errorifexists").format(src.format).save(folder)
-            events = self.spark.read.schema(src.schema).options(**src.options) \
-                .format(src.format).load(folder)
+            events = self.source.warm_up_events(self.spark, folder)
+            if events is None:
+                return
             self.requests(events).write.format("noop").mode("overwrite").save()
         except Exception as e:  # only a warm-up: the first micro-batch compiles instead
             logger.warning("Plan warm-up skipped: %s", one_line_reason(e))
             return
         logger.info("Submit plan warmed up in %.1f s.", time.monotonic() - started)
-
-    def _exists(self, path: str) -> bool:
-        """Whether ``path`` exists, on whatever file system Hadoop reaches it."""
-        jvm = self.spark.sparkContext._jvm
-        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-        conf = self.spark.sparkContext._jsc.hadoopConfiguration()
-        return bool(hadoop_path.getFileSystem(conf).exists(hadoop_path))
 
     def check_sidecars(self) -> list[dict]:
         """Ask from the executors' Python tasks whether their sidecar serves; log the
@@ -508,12 +484,9 @@ class StsPipeline:
             time.sleep(0.5)
         self.check()
 
-    def sweep_now(self) -> int:
-        """Run the safety net once (tests and finite runs that cannot wait a tick)."""
-        return self.safety_net.sweep(now_ms())
-
     def process_all_available(self) -> None:
-        """Let every query process what is there (then run the safety net once)."""
+        """Let every query process what is there (Spark's ``processAllAvailable()``), then
+        raise if a part died. The safety net runs on its own ticker, not here."""
         for q in self.queries:
             q.processAllAvailable()
         self.check()

@@ -177,12 +177,6 @@ def load_encoder(config: EmbeddingConfig, device: str | None = None) -> Any:
     return model
 
 
-def embedding_dimension(config: EmbeddingConfig) -> int:
-    """Size of the vectors the model of ``config`` makes (384 for MiniLM-L6-v2)."""
-    return int(load_encoder(config, "cpu" if config.device != "cuda" else None)
-               .get_embedding_dimension())
-
-
 def embed_texts(texts: Sequence[str | None], config: EmbeddingConfig, *,
                 device: str | None = None) -> "np.ndarray":
     """Unit-length float32 vectors, one row per text (``None`` embeds as ``""``).

@@ -9,7 +9,7 @@ Every LLM-routed request row gets a ``rollout_arm``:
             ``reason = rollout:<mode>``): the rest of ``canary``, all of ``offline``;
 ``shadow``  answered at once like ``rule`` *and* submitted, tagged with the
             :data:`SHADOW_ATTRIBUTE`; its result goes to the ``shadow_answers`` table
-            (:mod:`spark_ext.shadow`), never to ``answers``.
+            (:mod:`spark_ext.l4.shadow`), never to ``answers``.
 
 The bucket is a SHA-256 of ``request_id`` mapped to [0, 1), computed the same way in
 Python and in Spark SQL, so an event lands in the same arm on every replay, restart
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from spark_ext.config import RolloutConfig
-from spark_ext.fast_path import fast_answers
+from spark_ext.l4.answers import fast_answers
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -88,7 +88,7 @@ def with_arm(requests: "DataFrame", config: RolloutConfig) -> "DataFrame":
 def rollout_answers(rows: Iterable[Mapping[str, Any]], *, mode: str, key_columns: list[str],
                     rule_text: str) -> list[dict]:
     """The rule answers served at once for ``rule`` and ``shadow`` arm rows (built by
-    :func:`spark_ext.fast_path.fast_answers`), ``reason = rollout:<mode>``.
+    :func:`spark_ext.l4.answers.fast_answers`), ``reason = rollout:<mode>``.
 
     Example:
         >>> rows = [{"request_id": "r1", "priority": "low", "route": "llm",

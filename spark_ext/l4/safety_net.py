@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from sidecar.contract import now_ms
-from spark_ext.answer_store import AnswerStore
-from spark_ext.answers import answers_for_lost
+from spark_ext.l4.answer_store import AnswerStore
+from spark_ext.l4.answers import answers_for_lost
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +70,6 @@ class SafetyNet:
         with self._lock:
             ids = [entry[2]["request_id"] for entry in self._heap]
         return sum(1 for rid in ids if self.store.answered(rid) is None)
-
-    def next_due_ms(self) -> int | None:
-        with self._lock:
-            return self._heap[0][0] if self._heap else None
 
     def sweep(self, now: int | None = None) -> int:
         """Answer every watched request that is due and still unanswered; return how many."""

@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from spark_ext.config import ValidationConfig
 from spark_ext.exceptions import PipelineConfigError
 
 #: Personal-data detectors by name.
@@ -60,46 +59,13 @@ def _has_phone(text: str) -> bool:
     return False
 
 
+#: Personal-data detectors by name (the names :data:`spark_ext.config.PII_DETECTOR_NAMES`
+#: lists for the config check).
 PII_DETECTORS: dict[str, Callable[[str], bool]] = {
     "email": lambda text: _EMAIL.search(text) is not None,
     "phone": _has_phone,
     "card": _has_card,
 }
-
-
-@dataclass
-class ValidationConfig:
-    """Rules an ``ok`` answer must pass to be sent (README "Output validation")."""
-
-    enabled: bool = True
-    min_chars: int = 1
-    """Shorter answers (after stripping spaces) fail ``min_chars``."""
-
-    max_chars: int | None = 2000
-    """Longer answers fail ``max_chars``; ``None``: no limit."""
-
-    must_not_match: dict[str, str] = field(default_factory=dict)
-    """Rule name -> regular expression (case-insensitive) an answer must not contain."""
-
-    pii: list[str] = field(default_factory=lambda: ["email", "phone", "card"])
-    """Personal-data detectors to apply: ``email``, ``phone``, ``card``."""
-
-    json_schema: str | dict[str, Any] | None = None
-    """A JSON Schema (inline mapping, or a file path) the answer must parse and match."""
-
-    def __post_init__(self) -> None:
-        if unknown := set(self.pii) - set(PII_DETECTORS):
-            raise PipelineConfigError(f"validation.pii has unknown detectors {sorted(unknown)}; "
-                                      f"known: {sorted(PII_DETECTORS)}")
-        if self.min_chars < 0 or (self.max_chars is not None and self.max_chars < self.min_chars):
-            raise PipelineConfigError(f"validation: need 0 <= min_chars <= max_chars "
-                                      f"(got {self.min_chars}, {self.max_chars})")
-        for name, pattern in self.must_not_match.items():
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise PipelineConfigError(
-                    f"validation.must_not_match.{name}: bad regular expression ({e})") from None
 
 
 class AnswerValidator:
