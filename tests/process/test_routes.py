@@ -51,7 +51,7 @@ def test_spark_submit_route_answers_every_event(tmp_path: Path) -> None:
         job_env = dict(env, PYSPARK_DRIVER_PYTHON=sys.executable)
         log = open(tmp_path / "job.log", "w")  # Spark's stderr is long: not a pipe
         job = subprocess.Popen([str(BIN / "spark-submit"), "--master", "local[2]",
-                                str(REPO / "spark_ext" / "job.py"), "--config",
+                                str(REPO / "spark_ext" / "pipeline" / "job.py"), "--config",
                                 str(conf / "pipeline.yaml"), "--until-idle", "4",
                                 "--progress", "1", "--timeout", "240"],
                                cwd=REPO, env=job_env, stdout=subprocess.PIPE,
