@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -12,10 +13,17 @@ from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, rea
 from spark_ext.exceptions import PipelineConfigError
 from spark_ext.uris import join_uri, resolve_local
 
-#: L0 event source formats (``spark_ext.sources.EVENT_SOURCES`` reads each): file
-#: formats of a landing folder, Spark's ``rate`` source for load tests.
-SourceFormat = Literal["json", "parquet", "csv", "rate"]
+#: L0 event source formats (``spark_ext.sources.events.EVENT_SOURCES`` reads each): file
+#: formats of a landing folder, Spark's ``rate`` source for load tests, a Kafka topic.
+SourceFormat = Literal["json", "parquet", "csv", "rate", "kafka"]
 SOURCE_FORMATS: tuple[str, ...] = get_args(SourceFormat)
+#: Where the sidecar writes results (its ``results.kind``) and the answers query reads
+#: them (``spark_ext.sources.results.RESULT_READERS``): a Parquet landing folder, or
+#: one Kafka topic per priority.
+ResultChannel = Literal["files", "kafka"]
+RESULT_CHANNELS: tuple[str, ...] = get_args(ResultChannel)
+#: Spark Kafka source options that name the topics (exactly one is needed).
+KAFKA_TOPIC_OPTIONS = ("subscribe", "subscribePattern", "assign")
 SidecarLaunch = Literal["none", "lazy"]
 RolloutMode = Literal["full", "canary", "shadow", "offline"]
 #: Personal-data detectors of output validation (:mod:`spark_ext.l4.validation`).
@@ -35,15 +43,85 @@ class SourceConfig:
     """Landing directory of event files."""
 
     schema: str = "event_id STRING, text STRING, priority STRING, event_ts LONG"
-    """DDL schema of the events (file sources never infer it)."""
+    """DDL schema of the events (file sources never infer it; a Kafka record's value is
+    one JSON object with these fields)."""
 
-    options: dict[str, str] = field(default_factory=lambda: {"maxFilesPerTrigger": "50"})
-    """Extra reader options."""
+    options: dict[str, str] = field(default_factory=dict)
+    """Reader options, passed to Spark's source as they are. File sources:
+    ``maxFilesPerTrigger`` (default 50), ... Kafka: exactly one of ``subscribe``,
+    ``subscribePattern``, ``assign``, and any other option of Spark's Kafka source
+    (``startingOffsets``, ``maxOffsetsPerTrigger``, ``failOnDataLoss``, ``kafka.*``
+    consumer settings); the ``kafka`` section's options come first."""
+
+    key_column: str | None = None
+    """Kafka: the event column the record's key (UTF-8) fills when the value has no
+    such field or it is null (``None``: the key is not used)."""
+
+    required: list[str] | None = None
+    """Kafka: fields a record must have (not null) to be an event; the others go to the
+    ``dead_letters`` table. ``None``: the key columns and the template's fields."""
 
     def __post_init__(self) -> None:
         if self.format not in SOURCE_FORMATS:
             raise PipelineConfigError(f"source.format must be one of {', '.join(SOURCE_FORMATS)} "
                                       f"(got {self.format!r})")
+        if self.format == "kafka":
+            named = [o for o in KAFKA_TOPIC_OPTIONS if self.options.get(o)]
+            if len(named) != 1:
+                raise PipelineConfigError(
+                    "source.options needs exactly one of " + ", ".join(KAFKA_TOPIC_OPTIONS)
+                    + f" with format: kafka (got {named or 'none'})")
+
+    def topics(self) -> list[str]:
+        """The topics a ``subscribe`` or ``assign`` Kafka source reads (empty for a
+        pattern or another format)."""
+        if self.format != "kafka":
+            return []
+        if value := self.options.get("subscribe"):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        if value := self.options.get("assign"):
+            import json
+
+            try:
+                return sorted(json.loads(value))
+            except (ValueError, TypeError):
+                raise PipelineConfigError(
+                    f"source.options.assign must be JSON such as {{\"topic\": [0, 1]}} "
+                    f"(got {value!r})") from None
+        return []
+
+
+@dataclass
+class KafkaConfig:
+    """The Kafka cluster of every Kafka reader and writer of the pipeline (the events
+    source, the results topics, the answers topic), set once."""
+
+    bootstrap_servers: str = ""
+    """``host:port,...`` of the brokers (Spark's ``kafka.bootstrap.servers``)."""
+
+    options: dict[str, str] = field(default_factory=dict)
+    """Options for Spark's Kafka source and sink, applied to each of them: ``kafka.*``
+    client settings such as ``kafka.security.protocol``, ``kafka.sasl.mechanism``,
+    ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location`` (README "Kafka")."""
+
+    producer: dict[str, str] = field(default_factory=dict)
+    """librdkafka settings of the driver's Python producer (the answers topic), e.g.
+    ``security.protocol``, ``sasl.mechanism``, ``sasl.username``, ``sasl.password``."""
+
+    def spark_options(self) -> dict[str, str]:
+        """The options every Spark Kafka reader and writer gets."""
+        out = dict(self.options)
+        if self.bootstrap_servers:
+            out.setdefault("kafka.bootstrap.servers", self.bootstrap_servers)
+        return out
+
+    def producer_config(self) -> dict[str, str]:
+        """The Python producer's settings (the bootstrap servers added)."""
+        out = dict(self.producer)
+        servers = self.bootstrap_servers or self.options.get("kafka.bootstrap.servers", "")
+        if servers:
+            out.setdefault("bootstrap.servers", servers)
+        return out
 
 
 @dataclass
@@ -125,7 +203,13 @@ class SidecarEndpointConfig:
     """Most requests per SubmitBatch call."""
 
     results_dir: str = "./sts-demo/results"
-    """The sidecar's result landing directory."""
+    """The sidecar's result landing directory (``result_channel: files``)."""
+
+    result_channel: ResultChannel = "files"
+    """How results come back: ``files`` (the sidecar's Parquet landing folder,
+    ``results_dir``) or ``kafka`` (the topics ``tagging.callback_topic`` names, one per
+    priority, on the ``kafka`` section's cluster). Set the sidecar's ``results.kind`` to
+    the same."""
 
     check_at_start: bool = True
     """Before the queries start, ask from Python tasks on the executors whether their
@@ -177,6 +261,9 @@ class SidecarEndpointConfig:
 
     def __post_init__(self) -> None:
         self.security()  # the credential fields go together (checked, not read, here)
+        if self.result_channel not in RESULT_CHANNELS:
+            raise PipelineConfigError(f"sidecar.result_channel must be one of "
+                                      f"{', '.join(RESULT_CHANNELS)} (got {self.result_channel!r})")
         if self.launch not in ("none", "lazy"):
             raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
         if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
@@ -538,21 +625,53 @@ class PipelineConfig:
     knowledge_base: KnowledgeBaseConfig = field(default_factory=KnowledgeBaseConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
 
-    SECTIONS: ClassVar[dict[str, type]] = {
-        "source": SourceConfig, "tagging": TaggingConfig, "template": TemplateConfig,
-        "sidecar": SidecarEndpointConfig, "answers": AnswersConfig, "output": OutputConfig,
-        "maintenance": MaintenanceConfig, "validation": ValidationConfig,
-        "embedding": EmbeddingConfig, "routing": RoutingConfig,
-        "knowledge_base": KnowledgeBaseConfig, "rollout": RolloutConfig,
-        "features": FeaturesConfig,
-    }
+    @classmethod
+    def sections(cls) -> dict[str, type]:
+        """Section name -> its dataclass, read off the fields above (each section's
+        ``default_factory`` is its class).
+
+        Example:
+            >>> list(PipelineConfig.sections())[:3]
+            ['source', 'tagging', 'template']
+        """
+        return {f.name: f.default_factory for f in dataclasses.fields(cls)}  # type: ignore[misc]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "PipelineConfig":
         """Build from a nested mapping; unknown sections or keys are errors."""
-        return cls(**build_sections(cls.SECTIONS, data, what="pipeline config",
-                                    error=PipelineConfigError))
+        config = cls(**build_sections(cls.sections(), data, what="pipeline config",
+                                      error=PipelineConfigError))
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Checks across sections (each section checks its own keys).
+
+        Raises:
+            PipelineConfigError: the settings contradict each other.
+        """
+        uses_kafka = self.source.format == "kafka" or self.sidecar.result_channel == "kafka"
+        if uses_kafka and not self.kafka.spark_options().get("kafka.bootstrap.servers") \
+                and not self.source.options.get("kafka.bootstrap.servers"):
+            raise PipelineConfigError("kafka.bootstrap_servers is needed: the source or the "
+                                      "result channel is Kafka")
+        # Pitfall: results on the events topic would be read back as events.
+        events = set(self.source.topics())
+        if clash := sorted(events & set(self.result_topics())):
+            raise PipelineConfigError(f"tagging.callback_topic sends results to the events "
+                                      f"topic {clash[0]!r}: give results their own topics")
+
+    def result_topics(self) -> list[str]:
+        """The topics ``tagging.callback_topic`` names, one per priority.
+
+        Example:
+            >>> PipelineConfig().result_topics()
+            ['llm.result.high', 'llm.result.normal', 'llm.result.low']
+        """
+        template = self.tagging.callback_topic
+        return list(dict.fromkeys(template.replace("{priority}", p) for p in PRIORITY_NAMES))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "PipelineConfig":

@@ -4,8 +4,13 @@ Spark resolves them itself (Ivy, from Maven Central, cached under ``~/.ivy2.5.2`
 way Spark users get connectors (``--packages``). Which versions: the Kafka connector is
 Spark's own release (it must match the running Spark exactly), Delta the release built
 for the running Spark's minor version, hadoop-aws the version of the Hadoop client that
-Spark ships. ``scripts/install.sh`` runs ``python -m spark_ext.jvm_packages --fetch`` so
-the first session finds them in the cache.
+Spark ships.
+
+``python -m spark_ext.jvm_packages --fetch`` (``scripts/install.sh`` runs it) resolves
+them once and records the jars Spark resolved in ``$STS_CACHE_DIR/jvm-packages/``; a
+local session then gets those files as ``spark.jars`` and starts without resolving
+anything (no network, no Ivy report on the console). Without the record it falls back to
+``spark.jars.packages``.
 
     python -m spark_ext.jvm_packages                 # the coordinates, comma-separated
     spark-submit --packages "$(python -m spark_ext.jvm_packages)" spark_ext/pipeline/job.py ...
@@ -15,6 +20,7 @@ the first session finds them in the cache.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -100,39 +106,78 @@ def packages(features: Iterable[JvmFeature] = DEFAULT_FEATURES, *,
 
 
 def session_conf(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> dict[str, str]:
-    """The settings that give a new session ``features``: ``spark.jars.packages`` (or
-    ``$STS_SPARK_PACKAGES`` when set) and, with Delta, its extension and catalog."""
-    features = list(features)
+    """The settings that give a new session ``features``: the jars recorded by
+    :func:`fetch` as ``spark.jars``, else ``spark.jars.packages`` (``$STS_SPARK_PACKAGES``
+    overrides the coordinates); with Delta, its extension and catalog."""
     override = os.environ.get(PACKAGES_ENV)
     coords = ([c.strip() for c in override.split(",") if c.strip()] if override is not None
               else packages(features))
-    conf = {"spark.jars.packages": ",".join(coords)} if coords else {}
+    if not coords:
+        return {}
+    jars = recorded_jars(coords)
+    conf = {"spark.jars": ",".join(jars)} if jars else {"spark.jars.packages": ",".join(coords)}
     if any(c.startswith("io.delta:") for c in coords):
         conf.update(DELTA_SESSION_CONF)
     return conf
 
 
+def _record_path(coords: Iterable[str]) -> Path:
+    key = hashlib.sha1(",".join(sorted(coords)).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("STS_CACHE_DIR") or Path.home() / ".cache" / "sts-spark")
+    return root / "jvm-packages" / f"{key}.txt"
+
+
+def recorded_jars(coords: Iterable[str]) -> list[str]:
+    """The jar files :func:`fetch` recorded for ``coords``, if every one still exists
+    (else ``[]``: they are resolved again)."""
+    try:
+        jars = _record_path(coords).read_text(encoding="utf-8").split()
+    except OSError:
+        return []
+    return jars if jars and all(Path(_file_path(j)).is_file() for j in jars) else []
+
+
+def _file_path(uri: str) -> str:
+    """``file:///a/b.jar`` -> ``/a/b.jar`` (plain paths unchanged)."""
+    return uri[len("file://"):] if uri.startswith("file://") else uri.removeprefix("file:")
+
+
+#: What the resolving ``spark-submit`` runs: print the jars Spark resolved (its
+#: ``spark.jars``; no SparkContext is started).
+_PRINT_JARS = ("from pyspark import SparkConf, SparkContext\n"
+               "SparkContext._ensure_initialized()  # the submitting JVM's conf, not a new one\n"
+               "print('STS_JARS=' + SparkConf().get('spark.jars', ''))\n")
+
+
 def fetch(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> list[str]:
-    """Resolve ``features``' packages into Spark's Ivy cache now (``spark-submit
-    --packages`` over a script that does nothing), so a later session starts without
-    the network. Returns the coordinates.
+    """Resolve ``features``' packages now (``spark-submit --packages`` over a script that
+    prints what Spark resolved) and record the jar files, so later local sessions start
+    from them without the network. Returns the coordinates.
 
     Raises:
         RuntimeError: Spark could not resolve them (its last output lines say why).
     """
     coords = packages(features)
     with tempfile.TemporaryDirectory(prefix="sts-jvm-") as tmp:
-        noop = Path(tmp) / "noop.py"
-        noop.write_text("pass\n", encoding="utf-8")
+        script = Path(tmp) / "print_jars.py"
+        script.write_text(_PRINT_JARS, encoding="utf-8")
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
                    PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_HOME=str(spark_home()))
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         proc = subprocess.run(
             [str(spark_home() / "bin" / "spark-submit"), "--packages", ",".join(coords),
-             str(noop)], env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
+             str(script)], env=env, capture_output=True, text=True, check=False)
+    jars = next((line.removeprefix("STS_JARS=").split(",") for line in proc.stdout.splitlines()
+                 if line.startswith("STS_JARS=")), [])
+    jars = [j for j in jars if j]
+    if proc.returncode != 0 or not jars:
         tail = " | ".join(line.strip() for line in proc.stderr.splitlines()[-5:] if line.strip())
         raise RuntimeError(f"Spark could not resolve {','.join(coords)}: {tail}")
+    record = _record_path(coords)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    staging = record.with_suffix(f".{os.getpid()}.tmp")
+    staging.write_text("\n".join(jars) + "\n", encoding="utf-8")
+    staging.replace(record)
     return coords
 
 

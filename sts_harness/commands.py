@@ -34,6 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                       default="full", help="rollout.mode of the pipeline (README 'Rolling out')")
     demo.add_argument("--canary-share", type=float, default=0.1,
                       help="share of events the model answers with --rollout canary")
+    demo.add_argument("--source", choices=["files", "kafka"], default="files",
+                      help="events and results through files (default) or Kafka topics")
+    demo.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT",
+                      help="with --source kafka: your cluster (default: a local broker "
+                           "the demo starts for itself)")
     demo.set_defaults(func=_run_demo)
 
     validate = sub.add_parser("validate", help="rollout offline: L1-L4 over past events, "
@@ -148,16 +153,18 @@ def _run_demo(args: argparse.Namespace) -> int:
         opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
                            engine=args.engine, max_tokens=args.max_tokens,
                            overwrite=args.overwrite, l1l2=args.l1l2,
-                           rollout=args.rollout, canary_share=args.canary_share)
+                           rollout=args.rollout, canary_share=args.canary_share,
+                           source=args.source, bootstrap_servers=args.bootstrap_servers)
     except ValueError as e:
         return _fail(e, "demo", 2)
     from spark_ext.exceptions import SparkStartError
+    from sts_harness.kafka_broker import KafkaBrokerError
 
     try:
         summary = run_demo(opts)
     except (FileExistsError, NotADirectoryError) as e:
         return _fail(e, "demo", 2)
-    except SparkStartError as e:
+    except (SparkStartError, KafkaBrokerError) as e:
         return _fail(e, "demo", 1)
     print_summary(summary)
     if summary.get("incomplete"):

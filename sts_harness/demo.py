@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sidecar.contract import PRIORITY_NAMES, percentiles
 from sts_harness.hops import format_hops, hop_latencies
-from sts_harness.replay import EventReplayer
+from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
 
 
 class DemoFailedError(RuntimeError):
@@ -35,6 +35,12 @@ _OUTPUTS = ("events", "results", "acks", "tables", "checkpoints", "plots", "summ
             "sidecar.log", "l1l2")
 
 logger = logging.getLogger(__name__)
+
+
+#: ``sts demo --source``: how events and results travel.
+DEMO_SOURCES = ("files", "kafka")
+#: The demo's events topic (``--source kafka``).
+DEMO_TOPIC = "sts-demo-events"
 
 
 @dataclass
@@ -75,7 +81,20 @@ class DemoOptions:
     canary_share: float = 0.1
     """``rollout.canary_share``: the model's share of events in ``canary`` mode."""
 
+    source: str = "files"
+    """Where events and results travel: ``files`` (a landing folder, the sidecar's
+    Parquet results folder) or ``kafka`` (events on a topic, results on the
+    ``llm.result.{priority}`` topics)."""
+
+    bootstrap_servers: str | None = None
+    """With ``source = kafka``: the cluster to use (``None``: a local broker the demo
+    starts in ``out/kafka`` and stops at the end)."""
+
     def __post_init__(self) -> None:
+        if self.source not in DEMO_SOURCES:
+            raise ValueError(f"{self.source=} must be one of {', '.join(DEMO_SOURCES)}")
+        if self.bootstrap_servers and self.source != "kafka":
+            raise ValueError("--bootstrap-servers needs --source kafka")
         if not self.rate > 0:
             raise ValueError(f"{self.rate=} must be > 0 events/s")
         if not self.duration > 0:
@@ -94,9 +113,10 @@ def load_samples() -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def sample_replayer(folder: Path, rate: float, duration: float, samples: list[dict], *,
-                    unique_ids: bool = False) -> EventReplayer:
-    """Replay ``samples`` (cycled) into ``folder`` at ``rate`` events/s for ``duration`` s.
+def sample_replayer(sink: Path | FolderSink | KafkaTopicSink, rate: float, duration: float,
+                    samples: list[dict], *, unique_ids: bool = False) -> EventReplayer:
+    """Replay ``samples`` (cycled) into ``sink`` (a landing folder or a Kafka topic) at
+    ``rate`` events/s for ``duration`` s.
 
     Event ids are ``<ticket>-<n>``; with ``unique_ids`` the run's start (epoch ms) is part
     of them too, so a second run is new events, not replays of the first (request ids
@@ -112,7 +132,7 @@ def sample_replayer(folder: Path, rate: float, duration: float, samples: list[di
                  "customer_id": s.get("customer_id")}
                 for i, (at, s) in enumerate(zip(arrivals, cycle))]
 
-    return EventReplayer(folder, arrivals, make_events)
+    return EventReplayer(sink, arrivals, make_events)
 
 
 def spark_cpus(engine: str) -> set[int] | None:
@@ -254,13 +274,15 @@ def run_demo(opts: DemoOptions) -> dict:
     if opts.engine == "vllm":
         print(f"Model: {prepare_default_model()}", flush=True)
 
-    stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar
+    stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar, broker
     try:
+        bootstrap = _kafka_cluster(stack, opts, out) if opts.source == "kafka" else None
         sidecar, token_file = start_local_sidecar(
             stack, out, opts.engine, "demo-sidecar",
             # whole 32-token KV blocks are what prefix caching shares (vLLM's CPU
             # default of 128 shares none of a short prompt)
-            ["--engine-arg", "block_size=32"] if opts.engine == "vllm" else [])
+            (["--engine-arg", "block_size=32"] if opts.engine == "vllm" else [])
+            + (kafka_results_args(bootstrap) if bootstrap else []))
         print(f"Sidecar serving on {sidecar.target}", flush=True)
 
         from spark_ext import StsPipeline
@@ -269,10 +291,12 @@ def run_demo(opts: DemoOptions) -> dict:
         _pin_spark_cpus(stack, opts.engine)
         print("Starting Spark (local[2]) ...", flush=True)
         spark = stack.enter_context(session_scope("sts-demo"))
-        config = demo_config(opts, out, sidecar.target, token_file)
+        config = demo_config(opts, out, sidecar.target, token_file, bootstrap=bootstrap)
         pipeline = StsPipeline(spark, config)
         stack.callback(pipeline.stop)
-        replayer = sample_replayer(out / "events", opts.rate, opts.duration, load_samples())
+        sink = (KafkaTopicSink(bootstrap, DEMO_TOPIC) if bootstrap
+                else FolderSink(out / "events"))
+        replayer = sample_replayer(sink, opts.rate, opts.duration, load_samples())
         pipeline.start()
         start = time.monotonic()
         replayer.start()
@@ -288,6 +312,27 @@ def run_demo(opts: DemoOptions) -> dict:
         stack.close()  # Spark is stopped only if the demo started it
 
 
+def _kafka_cluster(stack: contextlib.ExitStack, opts: DemoOptions, out: Path) -> str:
+    """The bootstrap servers of ``--bootstrap-servers``, else of a local broker started
+    on ``stack`` (its log and data in ``out/kafka``), clearly labelled as local."""
+    if opts.bootstrap_servers:
+        print(f"Kafka cluster {opts.bootstrap_servers}: events on topic {DEMO_TOPIC}, "
+              "results on llm.result.{high,normal,low}", flush=True)
+        return opts.bootstrap_servers
+    from sts_harness.kafka_broker import KafkaBroker
+
+    broker = stack.enter_context(KafkaBroker(out / "kafka"))
+    print(f"Kafka broker (local, started for this demo) on {broker.bootstrap_servers}; "
+          f"log: {broker.log_path}", flush=True)
+    return broker.bootstrap_servers
+
+
+def kafka_results_args(bootstrap_servers: str) -> list[str]:
+    """``sts sidecar`` flags for the ``kafka`` result channel on that cluster."""
+    return ["--set", "results.kind=kafka",
+            "--set", f"results.kafka.bootstrap_servers={json.dumps(bootstrap_servers)}"]
+
+
 def _pin_spark_cpus(stack: contextlib.ExitStack, engine: str) -> None:
     """vLLM's CPU backend binds its decode thread to core 0; Spark (the JVM and its
     Python workers start from this thread) gets the others, as a GPU node's executors
@@ -300,14 +345,21 @@ def _pin_spark_cpus(stack: contextlib.ExitStack, engine: str) -> None:
     print(f"Spark on CPUs {sorted(cpus)}; the engine keeps CPU 0", flush=True)
 
 
-def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path):
+def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path, *,
+                bootstrap: str | None = None):
     """The demo's :class:`~spark_ext.config.PipelineConfig`: events, results, tables and
-    checkpoints under ``out``, the sidecar at ``target``, L1/L2 unless ``--no-l1l2``."""
+    checkpoints under ``out`` (events and results on Kafka with ``bootstrap``), the
+    sidecar at ``target``, L1/L2 unless ``--no-l1l2``."""
     from spark_ext import PipelineConfig
 
     high, normal, low = opts.sla_ms
     fast_path: dict = {}
     source: dict = {"path": str(out / "events")}
+    kafka: dict = {}
+    if bootstrap:
+        source = {"format": "kafka", "options": {"subscribe": DEMO_TOPIC,
+                                                 "startingOffsets": "earliest"}}
+        kafka = {"kafka": {"bootstrap_servers": bootstrap}}
     if opts.l1l2:
         from sts_harness.l1l2_demo import DEMO_SCHEMA, prepare_fast_path
 
@@ -315,10 +367,12 @@ def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path):
         source["schema"] = DEMO_SCHEMA
     return PipelineConfig.from_dict({
         **fast_path,
+        **kafka,
         "source": source,
         "tagging": {"sla_ms": {"high": high, "normal": normal, "low": low},
                     "max_tokens": opts.max_tokens},
         "sidecar": {"endpoint": target, "results_dir": str(out / "results"),
+                    "result_channel": "kafka" if bootstrap else "files",
                     "token_file": str(token_file)},
         "output": {"out_dir": str(out / "tables"),
                    "checkpoint_dir": str(out / "checkpoints")},
@@ -399,6 +453,9 @@ def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
                                         .to_pylist(), mode=opts.rollout,
                                         canary_share=opts.canary_share)
     summary["batch_ms"] = batch_durations(pipeline.queries)
+    summary["source"] = opts.source
+    summary["kafka_lag"] = pipeline.kafka_lag()
+    summary["dead_letters"] = pipeline.dead_letters
     high, normal, low = opts.sla_ms
     summary["plots"] = [str(p) for p in plot_demo(
         answers, out / "plots", {"high": high, "normal": normal, "low": low})]
@@ -455,6 +512,12 @@ def print_summary(summary: dict) -> None:
         if v.get("n"):
             print(f"micro-batches {name:<12} {v['n']} with input, P50 {v['p50']:.0f} ms, "
                   f"P99 {v['p99']:.0f} ms")
+    for query, lag in (summary.get("kafka_lag") or {}).items():
+        print(f"kafka lag {query:<11} {sum(lag.values())} records behind "
+              f"({', '.join(f'{tp} {n}' for tp, n in sorted(lag.items()))})")
+    if summary.get("source") == "kafka":
+        print(f"dead letters         {summary.get('dead_letters', 0)} records that are not "
+              "events (the dead_letters table)")
     print("where the time went (answers of the model and fallbacks):")
     for line in format_hops(summary["hops_ms"]):
         print("  " + line)

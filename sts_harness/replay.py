@@ -1,10 +1,11 @@
-"""Replay events into a Spark file-source landing folder, on schedule.
+"""Replay events, on schedule, into a Spark file-source landing folder or a Kafka topic.
 
-A background thread writes the events that are due every ``tick_s`` as one
-JSON-lines file (hidden temporary name, then rename, so Spark never reads half
-a file). Each event's ``event_ts`` is its *scheduled* arrival (epoch ms), so
-latency is measured from when the event was offered, however late the writer
-or the reader runs. The demo replays the shipped tickets at a fixed rate; the
+A background thread delivers the events that are due every ``tick_s``: to a folder as
+one JSON-lines file (hidden temporary name, then rename, so Spark never reads half a
+file, :class:`FolderSink`), or to a Kafka topic as one JSON record each, keyed by the
+event id (:class:`KafkaTopicSink`). Each event's ``event_ts`` is its *scheduled* arrival
+(epoch ms), so latency is measured from when the event was offered, however late the
+writer or the reader runs. The demo replays the shipped tickets at a fixed rate; the
 benchmarks replay generated traffic profiles.
 """
 
@@ -22,11 +23,53 @@ from sidecar.contract import now_ms, write_text_atomically
 EVENT_SCHEMA = "event_id STRING, text STRING, priority STRING, event_ts LONG, max_tokens INT"
 
 
+class FolderSink:
+    """Due events as one JSON-lines file each time, into ``folder`` (created); files are
+    named by the run's start too, so a second run into the same folder adds files,
+    never replaces the first run's."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, start_ms: int, part: int, events: list[dict]) -> None:
+        write_text_atomically(self.folder / f"part-{start_ms}-{part:06d}.json",
+                              "".join(json.dumps(e) + "\n" for e in events))
+
+    def close(self) -> None:
+        pass
+
+
+class KafkaTopicSink:
+    """Due events as JSON records on ``topic``, keyed by ``key_field`` (idempotent
+    producer; each delivery waits until the broker has the records)."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, key_field: str = "event_id",
+                 producer: dict[str, str] | None = None) -> None:
+        from confluent_kafka import Producer
+
+        self.topic, self.key_field = topic, key_field
+        self._producer = Producer({"bootstrap.servers": bootstrap_servers,
+                                   "enable.idempotence": True, "linger.ms": 5,
+                                   **(producer or {})})
+
+    def __call__(self, start_ms: int, part: int, events: list[dict]) -> None:
+        for e in events:
+            key = e.get(self.key_field)
+            self._producer.produce(self.topic, value=json.dumps(e).encode(),
+                                   key=None if key is None else str(key).encode())
+        self._producer.flush()
+
+    def close(self) -> None:
+        self._producer.flush()
+
+
 class EventReplayer(threading.Thread):
-    """Writes events into ``folder`` as they fall due.
+    """Delivers events to ``sink`` as they fall due.
 
     Args:
-        folder: The landing folder (created).
+        sink: Where they go: a landing folder (a path, or a :class:`FolderSink`) or a
+            :class:`KafkaTopicSink`.
         arrivals_s: Scheduled arrival of each event, seconds after the start, ascending.
         make_events: Called once at the start with the start time (epoch ms); returns
             the event rows, one per arrival, in the same order.
@@ -37,11 +80,10 @@ class EventReplayer(threading.Thread):
         offered: Events written so far.
     """
 
-    def __init__(self, folder: Path, arrivals_s: Sequence[float],
+    def __init__(self, sink: Path | FolderSink | KafkaTopicSink, arrivals_s: Sequence[float],
                  make_events: Callable[[int], list[dict]], *, tick_s: float = 0.2) -> None:
         super().__init__(name="event-replayer", daemon=True)
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.sink = sink if isinstance(sink, (FolderSink, KafkaTopicSink)) else FolderSink(sink)
         self.arrivals_s = list(arrivals_s)
         if self.arrivals_s != sorted(self.arrivals_s):
             raise ValueError("arrivals_s must be in ascending order")
@@ -64,14 +106,11 @@ class EventReplayer(threading.Thread):
             while due < len(events) and self.arrivals_s[due] <= elapsed:
                 due += 1
             if due > self.offered:
-                # Named by the run's start too: a second run into the same folder
-                # adds files, never replaces the first run's.
-                write_text_atomically(self.folder / f"part-{self.start_ms}-{part:06d}.json",
-                                      "".join(json.dumps(e) + "\n"
-                                              for e in events[self.offered:due]))
+                self.sink(self.start_ms, part, events[self.offered:due])
                 part += 1
                 self.offered = due
             self._stop_event.wait(self.tick_s)
+        self.sink.close()
 
     def stop(self) -> None:
         self._stop_event.set()

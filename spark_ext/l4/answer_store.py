@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 #: Partition column of every table.
 PARTITION = "enqueue_hour"
-TABLES = ("requests", "results", "answers", "review_queue", "shadow_answers")
+TABLES = ("requests", "results", "answers", "review_queue", "shadow_answers", "dead_letters")
 
 
 def _views_to_strings(table: pa.Table) -> pa.Table:

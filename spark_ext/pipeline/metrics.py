@@ -19,6 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pyspark.sql.streaming import StreamingQueryListener
 
+from spark_ext.sources.kafka import kafka_lag
+
 _PREFIX = "sts_spark"
 
 
@@ -99,6 +101,11 @@ class PipelineMetrics(StreamingQueryListener):
                                registry=self.registry)
         self.rows = Counter(f"{_PREFIX}_input_rows", "Input rows.", labels,
                             registry=self.registry)
+        self.kafka_lag = Gauge(f"{_PREFIX}_kafka_lag_records",
+                               "Records of a Kafka topic partition not yet read by the query "
+                               "(newest offset minus the offset read to), at its last "
+                               "micro-batch.", ["query", "topic", "partition"],
+                               registry=self.registry)
         self.registry.register(_PipelineCollector(pipeline))
         self._server: Any = None
         self._lock = threading.Lock()
@@ -122,6 +129,9 @@ class PipelineMetrics(StreamingQueryListener):
                 total_ms = progress.durationMs.get("triggerExecution")
                 if total_ms is not None:
                     self.batch_duration.labels(name).set(total_ms / 1000.0)
+            for source in progress.sources:
+                for (topic, partition), lag in kafka_lag(source).items():
+                    self.kafka_lag.labels(name, topic, str(partition)).set(lag)
 
     def onQueryIdle(self, event: Any) -> None:
         pass

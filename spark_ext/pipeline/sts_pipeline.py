@@ -50,6 +50,7 @@ from spark_ext.l4.answers import (KB_IDS, answers_from_refusals, answers_from_re
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import PipelineFailedError
 from spark_ext.sources.events import event_source
+from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag, split_dead_letters
 from spark_ext.sources.results import read_results
 from spark_ext.uris import is_local_uri, local_path
 from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, rollout_answers, with_arm
@@ -163,6 +164,8 @@ class StsPipeline:
         """Answers replaced by the fallback since start, per validation rule."""
         self.submitted = 0
         """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
+        self.dead_letters = 0
+        """Source records that were not events (the ``dead_letters`` table) since start."""
         self.shadow = ShadowAnswers(self.store, horizon_s=config.answers.ledger_horizon_s)
         """The ``shadow_answers`` table (rollout ``shadow``, :mod:`spark_ext.l4.shadow`)."""
         self.fast_path_stats = fast_path.FastPathStats()
@@ -178,7 +181,8 @@ class StsPipeline:
         self.metrics_port: int | None = None
         self.failure: str | None = None
         self._stopping = threading.Event()
-        self.source = event_source(config.source)
+        self.source = event_source(config, required=[*config.tagging.key_columns,
+                                                     *self.template.fields])
         """The L0 reader of ``source.format`` (:mod:`spark_ext.sources.events`)."""
         folders = [config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
         if folder := self.source.local_folder():
@@ -259,6 +263,8 @@ class StsPipeline:
 
         requests = self.requests(events)
         chosen = F.col("route") == "llm" if "route" in requests.columns else F.lit(True)
+        if DEAD_LETTER_COLUMN in requests.columns:  # not an event: never submitted
+            chosen = chosen & F.col(DEAD_LETTER_COLUMN).isNull()
         extra = {PIPELINE_ATTRIBUTE: self.pipeline_id}
         if ARM_COLUMN in requests.columns:
             chosen = chosen & F.col(ARM_COLUMN).isin("llm", "shadow")
@@ -275,9 +281,12 @@ class StsPipeline:
         """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once, ``llm``
         ones were submitted in the same job (:meth:`_routed_acks`). With a rollout
         mode, ``rule``/``shadow`` arm events get the rule answer at once (``shadow``
-        ones were submitted too, :mod:`spark_ext.l4.rollout`). One Spark job, one commit
-        to ``answers`` and one to ``requests`` per micro-batch."""
-        table = batch.toArrow()
+        ones were submitted too, :mod:`spark_ext.l4.rollout`). Records that are not
+        events (a Kafka source's dead letters) go to the ``dead_letters`` table. One
+        Spark job, one commit to ``answers`` and one to ``requests`` per micro-batch."""
+        table, dead = split_dead_letters(batch.toArrow(), now_ms=now_ms())
+        if dead.num_rows:
+            self._record_dead_letters(dead, batch_id)
         if table.num_rows == 0:
             return
         keys = self.config.tagging.key_columns
@@ -298,8 +307,28 @@ class StsPipeline:
                    if c in table.column_names]
         self._record_acks(submitted.drop_columns(dropped), batch_id, answers=answers)
 
+    def _record_dead_letters(self, dead: pa.Table, batch_id: int) -> None:
+        """Records that are not events: kept with their bytes, offset and reason, counted,
+        logged (the first ones, then every 1000th); never answered, never submitted."""
+        if self.store.append("dead_letters", dead, app_id=self._app_id("submit", "dead-letters"),
+                             version=batch_id):
+            before = self.dead_letters
+            self.dead_letters += dead.num_rows
+            if before < 10 or before // 1000 != self.dead_letters // 1000:
+                first = dead.slice(0, 1).to_pylist()[0]
+                logger.warning("Dead letters: %d record(s) are not events (%s, offset %s: %s); "
+                               "%d so far, in the dead_letters table.", dead.num_rows,
+                               first["topic"], first["offset"], first["error"],
+                               self.dead_letters)
+
     def _write_results(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
+        if table.num_rows and not pc.all(pc.is_valid(table.column("status"))).as_py():
+            unreadable = table.filter(pc.invert(pc.is_valid(table.column("status"))))
+            logger.warning("Skipping %d result record(s) that do not parse (request ids %s); "
+                           "their requests get the safety net's fallback.", unreadable.num_rows,
+                           unreadable.column("request_id").to_pylist()[:5])
+            table = table.filter(pc.is_valid(table.column("status")))
         if table.num_rows:  # results of other pipelines sharing the folder are not ours
             mine = pc.equal(pc.map_lookup(table.column("attributes"), PIPELINE_ATTRIBUTE,
                                           "first"), self.pipeline_id)
@@ -388,7 +417,8 @@ class StsPipeline:
         answers = self._start(self.results(), "answers", self._write_results)
         try:
             _await_sources(answers)
-            if fast_path.enabled(self.config) or self.config.rollout.mode != "full":
+            if (fast_path.enabled(self.config) or self.config.rollout.mode != "full"
+                    or self.source.has_dead_letters):
                 if fast_path.enabled(self.config):
                     fast_path.warm_up(self.spark, self.config)
                 self._warm_up_plan()
@@ -433,6 +463,18 @@ class StsPipeline:
             logger.warning("Plan warm-up skipped: %s", one_line_reason(e))
             return
         logger.info("Submit plan warmed up in %.1f s.", time.monotonic() - started)
+
+    def kafka_lag(self) -> dict[str, dict[str, int]]:
+        """Per query, the records of each Kafka topic partition it has not read yet, at
+        its last micro-batch (``"topic/partition" -> records``; empty for other sources)."""
+        out: dict[str, dict[str, int]] = {}
+        for q in self.queries:
+            progress = q.lastProgress or {}
+            lag = {f"{t}/{p}": n for source in progress.get("sources", [])
+                   for (t, p), n in kafka_lag(source).items()}
+            if lag:
+                out[q.name] = lag
+        return out
 
     def check_sidecars(self) -> list[dict]:
         """Ask from the executors' Python tasks whether their sidecar serves; log the

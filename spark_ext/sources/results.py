@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_ext.config import PipelineConfig
+from spark_ext.sources.kafka import read_result_topics
 from spark_ext.sources.result_files import SOURCE_NAME, register_results_source
 
 
@@ -27,9 +28,10 @@ def read_result_files(spark: SparkSession, config: PipelineConfig) -> DataFrame:
 #: Result channel -> the reader of its stream.
 RESULT_READERS: dict[str, Callable[[SparkSession, PipelineConfig], DataFrame]] = {
     "files": read_result_files,
+    "kafka": read_result_topics,
 }
 
 
 def read_results(spark: SparkSession, config: PipelineConfig) -> DataFrame:
-    """The results stream of ``config``'s result channel."""
-    return RESULT_READERS["files"](spark, config)
+    """The results stream of ``config.sidecar.result_channel``."""
+    return RESULT_READERS[config.sidecar.result_channel](spark, config)
