@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, Literal, get_args
 
 from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, read_yaml
 from spark_ext.exceptions import PipelineConfigError

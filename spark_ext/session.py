@@ -5,9 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
+import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterable, Iterator
 
+from py4j.java_gateway import JavaGateway
+from pyspark import SparkConf, SparkContext
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
@@ -36,17 +42,18 @@ def local_session(app_name: str, *, cores: int = 2,
             JVM exited before it served.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
-    for key, value in session_conf(jvm_features).items():
-        builder = builder.config(key, value)
+    options = {"spark.master": f"local[{cores}]", "spark.app.name": app_name,
+               **session_conf(jvm_features),
+               "spark.sql.shuffle.partitions": str(cores),
+               "spark.ui.enabled": "false",
+               "spark.driver.extraJavaOptions": java_options,
+               "spark.ui.showConsoleProgress": "false"}
     pin_python_workers()
     try:
-        session = (builder
-                   .config("spark.sql.shuffle.partitions", str(cores))
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.driver.extraJavaOptions", java_options)
-                   .config("spark.ui.showConsoleProgress", "false")
-                   .getOrCreate())
+        if SparkContext._gateway is None:  # no JVM in this process yet: launch it
+            SparkContext._ensure_initialized(
+                gateway=launch_jvm(SparkConf().setAll(list(options.items()))))
+        session = SparkSession.builder.config(map=options).getOrCreate()
     except (PySparkException, OSError) as e:  # the JVM did not come up
         reason = next((line.strip() for line in str(e).splitlines() if line.strip()),
                       type(e).__name__)
@@ -54,6 +61,56 @@ def local_session(app_name: str, *, cores: int = 2,
     session.sparkContext.setLogLevel("ERROR")
     quiet_py4j()
     return session
+
+
+def launch_jvm(conf: SparkConf) -> JavaGateway:
+    """Start the driver's JVM for ``conf`` and connect to it: PySpark's
+    ``launch_gateway`` with one change. PySpark starts ``spark-submit`` with a Python
+    ``preexec_fn`` (to keep Ctrl-C from the JVM), which makes :mod:`subprocess` fork and
+    run Python in the child; in a process whose gRPC client threads are running (a
+    sidecar client, as in ``sts demo``), gRPC's fork handlers then run in the child, and
+    now and then it dies before it runs Java (measured: 2 of 15 launches while a client
+    streamed to a sidecar: ``epoll_wait error: Bad file descriptor``, then
+    ``JAVA_GATEWAY_EXITED``). Here the JVM gets its own process group instead
+    (``process_group=0``: the terminal's Ctrl-C still does not reach it), no Python runs
+    in the child, and CPython launches it with ``vfork()``, which runs no fork handlers.
+
+    Raises:
+        PySparkRuntimeError: the JVM exited before it served (``JAVA_GATEWAY_EXITED``).
+    """
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.find_spark_home import _find_spark_home
+    from pyspark.java_gateway import launch_gateway
+    from pyspark.serializers import UTF8Deserializer, read_int
+
+    command = [os.path.join(_find_spark_home(), "bin", "spark-submit")]
+    for key, value in conf.getAll():
+        command += ["--conf", f"{key}={value}"]
+    command += shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))
+    with tempfile.TemporaryDirectory(prefix="sts-jvm-") as folder:
+        info = os.path.join(folder, "connection-info")  # the JVM renames it into place
+        env = dict(os.environ, SPARK_CONNECT_MODE="0", _PYSPARK_DRIVER_CONN_INFO_PATH=info)
+        # stdin: a pipe, so the JVM exits when this process does (as in PySpark)
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, env=env, process_group=0)
+        while proc.poll() is None and not os.path.isfile(info):
+            time.sleep(0.05)
+        if not os.path.isfile(info):
+            raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+        with open(info, "rb") as f:
+            port, secret = read_int(f), UTF8Deserializer().loads(f)
+    # PySpark's own launch_gateway connects to a JVM named by these (no launch of its own)
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")}
+    os.environ["PYSPARK_GATEWAY_PORT"], os.environ["PYSPARK_GATEWAY_SECRET"] = str(port), secret
+    try:
+        gateway = launch_gateway(conf)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    gateway.proc = proc  # keeps the stdin pipe open for the JVM's life
+    return gateway
 
 
 def pin_python_workers() -> None:

@@ -17,7 +17,7 @@ from sts_harness.result_check import read_results, wait_for_results
 REPO = Path(__file__).resolve().parents[1]
 
 __all__ = ["REPO", "RemoteSidecar", "fast_engine", "free_port", "library_modules", "make_request",
-           "make_sidecar_request", "read_results", "until", "wait_for_results",
+           "make_sidecar_request", "read_results", "require_tool", "until", "wait_for_results",
            "wait_until", "with_scheduler"]
 
 
@@ -46,6 +46,29 @@ def library_modules(packages: tuple[str, ...]) -> dict[str, Path]:
                 continue
             out[".".join(rel.with_suffix("").parts).removesuffix(".__init__")] = path
     return out
+
+
+def require_tool(name: str, how: str) -> str:
+    """The path of command ``name``. Missing, the test is skipped on a developer's machine
+    and **fails** under CI (``$CI`` set: ``.ci/run`` installs every tool the tests use,
+    so a missing one is a broken install, not a reason to pass).
+
+    Args:
+        name: The command, e.g. ``promtool``.
+        how: Where it comes from, for the message (e.g. "Debian's prometheus package").
+    """
+    import os
+    import shutil
+
+    import pytest
+
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed ({how}; .ci/run installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(f"under CI: {message}")
+        pytest.skip(message)
+    return path
 
 
 def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = ""):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

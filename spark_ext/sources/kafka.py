@@ -18,7 +18,7 @@ columns as the files channel's reader.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -26,6 +26,9 @@ from pyspark.sql import functions as F
 from sidecar.contract import now_ms as clock_ms
 from spark_ext.config import PipelineConfig, SourceConfig
 from spark_ext.sources.base import EventSource
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +107,7 @@ class KafkaEventSource(EventSource):
         return True
 
 
-def split_dead_letters(table: "pa.Table", *, now_ms: int) -> tuple["pa.Table", "pa.Table"]:
+def split_dead_letters(table: pa.Table, *, now_ms: int) -> tuple[pa.Table, pa.Table]:
     """A micro-batch's rows (Arrow) -> (events, dead-letter rows). The dead-letter rows
     are what the ``dead_letters`` table keeps: ``topic``, ``partition``, ``offset``,
     ``timestamp_ms``, ``key`` and ``value`` (the raw bytes), ``error`` and

@@ -7,7 +7,6 @@ stopped through its process groups."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from sidecar.client import SidecarClient
-from tests.utils import REPO, wait_until
+from tests.utils import REPO, require_tool, wait_until
 
 CLUSTER = REPO / "conf" / "cluster"
 INIT = CLUSTER / "databricks-init.sh"
@@ -45,8 +44,7 @@ def test_shell_scripts_parse(script: Path) -> None:
 
 
 def test_shell_scripts_pass_shellcheck(tmp_path: Path) -> None:
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    require_tool("shellcheck", "Debian's shellcheck package")
     proc = subprocess.run(["shellcheck", *map(str, SCRIPTS), str(_sidecar_script(tmp_path))],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout

@@ -32,7 +32,7 @@ import yaml
 from sidecar.contract import write_text_atomically
 from spark_ext.config import PipelineConfig
 from spark_ext.pipeline.sts_pipeline import StsPipeline
-from tests.utils import REPO, RemoteSidecar, free_port, wait_until
+from tests.utils import REPO, RemoteSidecar, free_port, require_tool, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -157,8 +157,7 @@ def _events() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def loaded(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    if PROMETHEUS is None:
-        pytest.skip("prometheus not installed (.ci/run installs Debian's prometheus package)")
+    require_tool("prometheus", "Debian's prometheus package")
     tmp = tmp_path_factory.mktemp("monitoring")
     sidecar_port, driver_port = free_port(), free_port()
     with contextlib.ExitStack() as stack:
@@ -214,9 +213,7 @@ def loaded(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNa
 
 
 def test_the_endpoints_pass_promtool_gpu_series_included(loaded: SimpleNamespace) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (.ci/run installs Debian's prometheus package)")
+    promtool = require_tool("promtool", "Debian's prometheus package")
     texts = {}
     for url in (loaded.sidecar_metrics, loaded.driver_metrics):
         with urllib.request.urlopen(url, timeout=10) as r:
@@ -274,9 +271,7 @@ def test_every_alert_watches_existing_series_and_evaluates(loaded: SimpleNamespa
 
 
 def test_the_shipped_files_pass_promtool() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (.ci/run installs Debian's prometheus package)")
+    promtool = require_tool("promtool", "Debian's prometheus package")
     for args in (["check", "rules", str(ALERTS)], ["check", "config", str(SCRAPE_CONFIG)]):
         check = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr

@@ -4,7 +4,6 @@ Prometheus endpoint checked with ``promtool``."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -14,7 +13,7 @@ import pytest
 
 from benchmarks.loadgen import collect, report, send_load
 from benchmarks.profiles import TrafficProfile
-from tests.utils import REPO, RemoteSidecar, free_port, read_results
+from tests.utils import REPO, RemoteSidecar, free_port, read_results, require_tool
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -127,9 +126,7 @@ def test_metrics_endpoint_passes_promtool(sim_sidecar: RemoteSidecar,
                  "sts_sidecar_prefix_cache_hit_ratio", "sts_sidecar_dedupe_hits_total"):
         assert name in text, name
     assert 'sts_sidecar_results_total{priority="low",reason="' in text
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (.ci/run installs Debian's prometheus package)")
+    promtool = require_tool("promtool", "Debian's prometheus package")
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                            text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr

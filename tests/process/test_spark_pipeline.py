@@ -26,6 +26,7 @@ from tests.utils import (
     REPO,
     RemoteSidecar,
     free_port,
+    require_tool,
     wait_for_results,
     wait_until,
 )
@@ -499,10 +500,10 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
     assert "sts_spark_requests_submitted_total 3.0" in metrics
     assert 'sts_spark_input_rows_total{query="sts-submit"} 3.0' in metrics
     assert "sts_spark_backlog_requests 0.0" in metrics
-    if promtool := shutil.which("promtool"):
-        lint = subprocess.run([promtool, "check", "metrics"], input=metrics, text=True,
-                              capture_output=True, timeout=30)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
+    promtool = require_tool("promtool", "Debian's prometheus package")
+    lint = subprocess.run([promtool, "check", "metrics"], input=metrics, text=True,
+                          capture_output=True, timeout=30)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def _scrape(pipeline: StsPipeline) -> str:
