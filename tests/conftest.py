@@ -69,3 +69,68 @@ def spark():
     session = local_session("sts-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One S3-compatible server (moto, in this process) on loopback for the whole test
+    session, with the bucket ``sts-test``. Its objects live in memory; tests use their own
+    key prefixes. ``s3_server.storage_options`` (delta-rs), ``.spark_conf()`` (S3A),
+    ``.environment`` (AWS variables), ``.uri(key, scheme=...)``, ``.keys(prefix)``."""
+    from sts_harness.s3_server import S3Server
+
+    with S3Server("sts-test") as server:
+        yield server
+
+
+#: What the test Connect server loads: Spark's Kafka connector, Delta and hadoop-aws.
+CONNECT_FEATURES = ("kafka", "delta", "s3")
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, s3_server):
+    """One real Spark Connect server (its own JVM, ``local[2]``) for the whole test
+    session, with Kafka, Delta (extension and catalog) and S3A pointed at ``s3_server``,
+    the warehouse in a temporary folder. Its Python workers run this interpreter with the
+    repository on ``PYTHONPATH`` (functions defined in test modules are pickled by
+    reference). ``.remote`` is its ``sc://`` URL, ``.log_path`` its log."""
+    from spark_ext import jvm_packages
+    from sts_harness.connect_server import SparkConnectServer
+
+    _ensure_jvm_packages(CONNECT_FEATURES)
+    work = tmp_path_factory.mktemp("connect-server")
+    conf = {**jvm_packages.session_conf(CONNECT_FEATURES), **s3_server.spark_conf(),
+            "spark.sql.warehouse.dir": str(work / "warehouse"),
+            # Delta's snapshot is rebuilt with 50 tasks by default: seconds per commit on 2 cores
+            "spark.databricks.delta.snapshotPartitions": "2"}
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    with SparkConnectServer(work, conf=conf, env={"PYTHONPATH": pythonpath}) as server:
+        yield server
+
+
+@pytest.fixture
+def spark_connect(spark_connect_server, monkeypatch: pytest.MonkeyPatch):
+    """A fresh Spark Connect client session on ``spark_connect_server`` for one test,
+    stopped after it (the server stops the session's streaming queries). While the test
+    runs, ``SPARK_CONNECT_MODE_ENABLED`` is set so that ``pyspark.sql.functions`` build
+    Connect columns; it is removed afterwards so that the classic ``spark`` fixture keeps
+    working in the same process."""
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    session = spark_connect_server.client()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _ensure_jvm_packages(features) -> None:
+    """Resolve ``features``' Maven packages into Spark's Ivy cache unless they are there
+    (hadoop-aws brings a ~600 MB AWS SDK bundle, more than a server's start timeout allows
+    on a cold cache)."""
+    from spark_ext import jvm_packages
+
+    jars = Path.home() / ".ivy2.5.2" / "jars"  # Spark 4's default spark.jars.ivy
+    wanted = [c.split(":") for c in jvm_packages.packages(features)]
+    if not all((jars / f"{group}_{artifact}-{version}.jar").exists()
+               for group, artifact, version in wanted):
+        jvm_packages.fetch(features)
