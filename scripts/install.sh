@@ -63,5 +63,6 @@ PY
 # them there; and the local Kafka broker's jars ($STS_CACHE_DIR/kafka, for the tests and
 # `sts demo --source kafka`). Both from Maven Central.
 "$PY" -m spark_ext.jvm_packages --fetch >/dev/null
+"$PY" -m spark_ext.jvm_packages --with s3 --fetch >/dev/null  # hadoop-aws (~600 MB), for s3a://
 "$PY" -m sts_harness.kafka_broker --fetch >/dev/null
 echo "JVM packages: $("$PY" -m spark_ext.jvm_packages); Kafka broker jars cached"
