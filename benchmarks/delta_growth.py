@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from benchmarks.cli_args import positive_ints
-from sidecar.contract import write_text_atomically
+from sidecar import write_text_atomically
 from spark_ext.answer_store import AnswerStore
 from spark_ext.answers import build_answers
 

@@ -54,7 +54,7 @@ from benchmarks.gateway_sidecar import (
     BenchmarkError,
     pinned_sidecar,
 )
-from sidecar.contract import write_text_atomically
+from sidecar import write_text_atomically
 from sidecar.event_loop import EVENT_LOOPS
 
 REPO = Path(__file__).resolve().parents[1]

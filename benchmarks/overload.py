@@ -40,8 +40,7 @@ import numpy as np
 from benchmarks.cpu_accounting import machine_info
 from benchmarks.generate import GeneratedRequest
 from benchmarks.loadgen import collect, report, send_on_schedule
-from sidecar import SidecarConfig
-from sidecar.contract import percentile, write_text_atomically
+from sidecar import SidecarConfig, percentile, write_text_atomically
 from sts_harness.process import SidecarProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]

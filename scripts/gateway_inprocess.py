@@ -82,7 +82,7 @@ async def _run(requests: int, batch: int, results_dir: str,
     if trace != "off":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        from sidecar.contract import Tracing
+        from sidecar import Tracing
         from sidecar.tracing import SidecarTracer
 
         os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", "1000000")  # drop no span

@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.contract import TOKEN_METADATA_KEY, ClientSecurity, Priority, read_pem
+from sidecar.contract import Priority
+from sidecar.credentials import TOKEN_METADATA_KEY, ClientSecurity, read_pem
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 
@@ -118,7 +119,7 @@ class SidecarClient:
     Args:
         target: ``host:port`` or ``unix:///path.sock``.
         timeout_s: Deadline of each call.
-        security: TLS files and token source (:class:`~sidecar.contract.ClientSecurity`);
+        security: TLS files and token source (:class:`~sidecar.credentials.ClientSecurity`);
             ``None``: plaintext, no token.
 
     Usage::

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sidecar.contract import ClientSecurity
+    from sidecar.credentials import ClientSecurity
 
 DEFAULT_CONFIG = Path("conf/sidecar.yaml")
 
@@ -74,10 +74,10 @@ def _add_client_security_flags(p: argparse.ArgumentParser) -> None:
 
 
 def client_security(args: argparse.Namespace) -> "ClientSecurity":
-    """The :class:`~sidecar.contract.ClientSecurity` the client flags describe."""
+    """The :class:`~sidecar.credentials.ClientSecurity` the client flags describe."""
     import os
 
-    from sidecar.contract import ClientSecurity
+    from sidecar.credentials import ClientSecurity
     from sidecar.exceptions import ConfigError
 
     token_env = args.token_env if args.token_env and (

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from sidecar.contract import PRIORITY_NAMES, as_dataclass, build_sections, read_yaml
+from sidecar.config_files import as_dataclass, build_sections, read_yaml
+from sidecar.contract import PRIORITY_NAMES
 from sidecar.exceptions import ConfigError
 from sidecar.event_loop import EVENT_LOOPS
 

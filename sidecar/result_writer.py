@@ -1,7 +1,7 @@
 """The ``files`` result channel: Parquet files appended atomically to a directory.
 
 Each flush writes one file under a hidden temporary name and renames it into
-place (:func:`sidecar.contract.write_parquet_atomically`), so a reader (Spark's
+place (:func:`sidecar.atomic_files.write_parquet_atomically`), so a reader (Spark's
 file source, Auto Loader, pyarrow) never sees a partial file. Pending results are
 flushed at least every ``flush_interval_s`` and as soon as ``max_rows_per_file``
 are pending.
@@ -24,12 +24,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from sidecar.config import ResultChannelConfig
-from sidecar.contract import (
-    RESULT_SCHEMA,
-    now_ms,
-    result_file_name,
-    write_parquet_atomically,
-)
+from sidecar.atomic_files import write_parquet_atomically
+from sidecar.contract import RESULT_SCHEMA, now_ms, result_file_name
 from sidecar.request_state import ResultRecord
 
 logger = logging.getLogger(__name__)

@@ -6,8 +6,9 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from sidecar.contract import STATUSES, Priority, RefusalReason, percentile
+from sidecar.contract import STATUSES, Priority, RefusalReason
 from sidecar.engines import EngineStats
+from sidecar.percentiles import percentile
 from sidecar.request_state import ResultRecord
 
 #: Output tokens/s is measured over the requests finished in this many seconds.

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, read_yaml
+from sidecar import ClientSecurity, build_sections, read_yaml
+from sidecar.contract import PRIORITY_NAMES
 from spark_ext.exceptions import PipelineConfigError
 from spark_ext.validation import ValidationConfig
 
