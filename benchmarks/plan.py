@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from benchmarks.cli_args import add_plan_arguments
 from benchmarks.profiles import TrafficProfile, load_profile
+from sidecar import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ def run_plan(args: argparse.Namespace) -> int:
                       gpu_hour_price=args.gpu_hour_price,
                       api_price_per_mtok_in=args.api_price_in, peak_qps=args.peak_qps)
     except (FileNotFoundError, ValueError) as e:
-        print(f"sts: {' '.join(str(e).split())} (sts plan)", file=sys.stderr)
+        print(f"sts: {one_line(e)} (sts plan)", file=sys.stderr)
         return 2
     print(json.dumps(dataclasses.asdict(result), indent=2) if args.json else format_plan(result))
     return 0

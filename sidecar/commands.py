@@ -118,7 +118,7 @@ def _run_sidecar(args: argparse.Namespace) -> int:
     from sidecar.config import SidecarConfig
     from sidecar.event_loop import loop_factory
     from sidecar.event_loop import run as run_event_loop
-    from sidecar.exceptions import ConfigError
+    from sidecar.exceptions import ConfigError, one_line
     from sidecar.server import serve
 
     path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
@@ -139,12 +139,12 @@ def _run_sidecar(args: argparse.Namespace) -> int:
     try:
         config = config.with_overrides(flags)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{' '.join(str(e).split())} (flags)") from None
+        raise ConfigError(f"{one_line(e)} (flags)") from None
     settings = _parse_pairs(args.settings, "--set")
     try:
         config = config.with_overrides(settings)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{' '.join(str(e).split())} (--set)") from None
+        raise ConfigError(f"{one_line(e)} (--set)") from None
     if args.engine_arg:
         config.engine.engine_args.update(_parse_pairs(args.engine_arg, "--engine-arg"))
     try:

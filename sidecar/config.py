@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from sidecar.config_files import as_dataclass, build_sections, read_yaml
 from sidecar.contract import PRIORITY_NAMES
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import ConfigError, one_line
 from sidecar.event_loop import EVENT_LOOPS
 
 EngineKind = Literal["vllm", "simulated"]
@@ -530,7 +530,7 @@ _SECTION_TYPES: dict[str, type] = {
 
 def _with_where(error: Exception, where: str) -> str:
     """``error`` as one line ending ``(<where>)`` (unless it names a place already)."""
-    text = " ".join(str(error).split())
+    text = one_line(error)
     return text if text.endswith(")") and where in text else f"{text} ({where})"
 
 

@@ -103,7 +103,9 @@ def _run_events(args: argparse.Namespace) -> int:
 
 def _fail(e: BaseException | str, command: str, code: int) -> int:
     """Print the one-line error ``sts: <what> (sts <command>)``; return ``code``."""
-    print(f"sts: {' '.join(str(e).split())} (sts {command})", file=sys.stderr)
+    from sidecar import one_line
+
+    print(f"sts: {one_line(e)} (sts {command})", file=sys.stderr)
     return code
 
 
