@@ -1,21 +1,11 @@
-"""Admission, priority pools, load shedding, dispatch into the engine and deadline aborts.
+"""Priority pools, dispatch into the engine, deadline aborts and the one terminal row.
 
 One :class:`Scheduler` per sidecar. :meth:`Scheduler.submit_batch` runs in the
-gRPC handler: it validates, de-duplicates and admits or refuses each request
-and returns one :class:`Ack` per request at once; it never waits for generation.
-
-Admission, in order (first refusal wins; none of them does engine work; steps 2-5 are
-:class:`~sidecar.load_control.LoadControl`):
-
-1. static checks and the tokenized prompt (``rejected``);
-2. the request's pool is full (``shed``/``queue_full``);
-3. load shedding: the total queue depth or the tokens in the engine reached the
-   watermark of its priority (``shed``/``overloaded``; never ``high``);
-4. the pool's estimated queue wait is over its ``max_queue_delay_ms``
-   (``shed``/``queue_delay_exceeded``);
-5. the estimated completion (queue wait + service, from
-   :class:`~sidecar.estimator.ServiceRateEstimator`) is after ``deadline_ts``
-   (``shed``/``deadline_infeasible``).
+gRPC handler and hands the batch to the admission pipeline
+(:class:`~sidecar.admission.Admission`: validate, dedupe, gate, load), which answers
+one :class:`~sidecar.admission.Ack` per request at once and hands each accepted request
+back to :meth:`Scheduler._enqueue`; it never waits for generation. What happens after
+that is here.
 
 Once queued, a request is shed when it has waited ``max_queue_delay_ms``, when
 a higher-priority arrival pushes the queue past its priority's watermark
@@ -59,10 +49,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sidecar.admission import Ack, Refusal, check_prompt_tokens, check_static
+from sidecar.admission import Ack, Admission, Gate, Refusal
 from sidecar.config import SchedulerConfig
 from sidecar.contract import FinishReason, Priority, RefusalReason, Status, now_ms
-from sidecar.dedupe import DedupeWindow
 from sidecar.engines import Engine, EngineRequest
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
@@ -73,6 +62,7 @@ from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
 from sidecar.timers import DeadlineTimers, TimerEntry
 
 if TYPE_CHECKING:
+    from sidecar.result_channels import ResultChannel
     from sidecar.tracing import SidecarTracer
 
 logger = logging.getLogger(__name__)
@@ -92,10 +82,13 @@ class Scheduler:
         config: Limits.
         sidecar_id: Written into every result.
         log_requests: Log each admission and finish.
+        results: The result channel behind ``emit``, when admission should check that
+            it has room for each request's row (a bounded channel: Kafka).
     """
 
     def __init__(self, engine: Engine, emit: Callable[[ResultRecord], None],
-                 config: SchedulerConfig, sidecar_id: str, *, log_requests: bool = False) -> None:
+                 config: SchedulerConfig, sidecar_id: str, *, log_requests: bool = False,
+                 results: ResultChannel | None = None) -> None:
         self.engine = engine
         if engine.batches > 1 and config.preemption.shrink_batch:
             logger.warning("The engine decodes %d independent batches; the batch-size lever "
@@ -124,7 +117,6 @@ class Scheduler:
         self._expiring: set[str] = set()
         """Running requests cancelled at their deadline (``abort`` pools) whose task has
         not ended yet."""
-        self._seen = DedupeWindow(config.dedupe_window, self._fallback_text)
         self._preemptions: dict[str, int] = {}
         """Times each request still alive was preempted."""
         self._preempting: set[str] = set()
@@ -150,8 +142,15 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self.tracer: SidecarTracer | None = None
         """Notes dispatch times of traced requests (``None``: tracing off)."""
+        self.results = results
+        gate = Gate(engine, engine_error=lambda: self.engine_error,
+                    draining=lambda: self.draining, engine_failed=self.engine_failed,
+                    results=results, outstanding=self._outstanding)
+        self.admission = Admission(config, engine=engine, gate=gate, load=self.load,
+                                   counters=self.counters, fallback_text=self._fallback_text,
+                                   shed=self._shed, enqueue=self._enqueue)
 
-    # ------------------------------------------------------------------ admission
+    # ------------------------------------------------------------------ lifecycle: start
 
     def start(self) -> None:
         """Start the dispatch loop (inside the event loop)."""
@@ -168,56 +167,13 @@ class Scheduler:
                 self.engine_failed(why)
 
     def submit_batch(self, requests: list[SidecarRequest]) -> list[Ack]:
-        """Admit or refuse each request; one ack each, in order. Never waits."""
-        now = now_ms()
-        acks: list[Ack | None] = [None] * len(requests)
-        to_encode: list[int] = []
-        model_names = frozenset({self.engine.model_name})  # the one model served
-        batch_ids: set[str] = set()
-        repeats_in_batch: list[int] = []
-        if self.engine_error is None and (why := self.engine.failure()) is not None:
-            self.engine_failed(why)
-        self.counters.submitted += len(requests)
-        model_name = self.engine.model_name
-        for i, req in enumerate(requests):
-            req.received_ts = now
-            if not req.request_id:
-                self.counters.refused(RefusalReason.MISSING_REQUEST_ID)
-                acks[i] = Ack("", False, RefusalReason.MISSING_REQUEST_ID,
-                              "request_id is required", received_ts=now,
-                              fallback_text=self._fallback_text(req.priority))
-                continue
-            if req.request_id in self._seen or req.request_id in batch_ids:
-                self.counters.duplicates += 1
-                repeats_in_batch.append(i)
-                continue
-            batch_ids.add(req.request_id)
-            req.model = req.model or model_name
-            if self.engine_error is not None:
-                acks[i] = self._refuse(req, Refusal(RefusalReason.ENGINE_UNAVAILABLE,
-                                                    f"engine unavailable: {self.engine_error}"))
-                continue
-            if self.draining:
-                acks[i] = self._refuse(req, Refusal(RefusalReason.DRAINING,
-                                                    "sidecar is shutting down"))
-                continue
-            if refusal := check_static(req, self.config, model_names=model_names, now_ms=now):
-                acks[i] = self._refuse(req, refusal)
-                continue
-            to_encode.append(i)
-        if to_encode:
-            encoded = self.engine.encode_prompt([requests[i].prompt for i in to_encode])
-            max_len = getattr(self.engine, "max_model_len", 1 << 30)
-            for i, ids in zip(to_encode, encoded):
-                req = requests[i]
-                req.prompt_token_ids = ids
-                refusal = (check_prompt_tokens(req, self.config, max_model_len=max_len)
-                           or self.load.check(req))
-                acks[i] = self._refuse(req, refusal) if refusal else self._enqueue(req)
-        # A replay repeats the first copy's decision (made above if it was in this batch).
-        for i in repeats_in_batch:
-            acks[i] = self._seen.replay(requests[i].request_id, now)
-        return [a for a in acks if a is not None]
+        """Admit or refuse each request; one ack each, in order. Never waits (see
+        :class:`~sidecar.admission.Admission`)."""
+        return self.admission.submit_batch(requests)
+
+    def _outstanding(self) -> int:
+        """Rows that queued and running requests (late work included) will still write."""
+        return self.load.total_queued() + self._in_flight_total
 
     async def generate(self, req: SidecarRequest) -> ResultRecord | Ack:
         """Admit one request and wait for its terminal result (the blocking baseline
@@ -271,13 +227,9 @@ class Scheduler:
         self._finish(req, RequestStatus.refused(refusal.reason),
                      FinishReason.SHED if shed else FinishReason.REJECTED)
 
-    def _refuse(self, req: SidecarRequest, refusal: Refusal) -> Ack:
-        self._shed(req, refusal)
-        return self._seen.remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
-                                       received_ts=req.received_ts,
-                                       fallback_text=req.fallback_text), req.priority)
-
-    def _enqueue(self, req: SidecarRequest) -> Ack:
+    def _enqueue(self, req: SidecarRequest, estimated_wait_s: float) -> None:
+        """An admitted request joins its pool's queue (the admission pipeline's last
+        step); ``estimated_wait_s`` is logged against its actual wait."""
         assert req.priority is not None
         pool = self.pools[req.priority]
         self.counters.accepted += 1
@@ -291,11 +243,8 @@ class Scheduler:
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        ack = self._seen.remember(Ack(req.request_id, True, None, "", False, req.received_ts),
-                                  req.priority)
-        self._wait_estimates[req.request_id] = (self.load.last_wait_s, time.monotonic())
+        self._wait_estimates[req.request_id] = (estimated_wait_s, time.monotonic())
         self._shed_over_watermarks()
-        return ack
 
     def _leave_queue(self, req: SidecarRequest) -> None:
         """Bookkeeping of a request that stops being queued (the deque drops it lazily)."""
