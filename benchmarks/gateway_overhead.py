@@ -54,8 +54,7 @@ from benchmarks.gateway_sidecar import (
     BenchmarkError,
     pinned_sidecar,
 )
-from sidecar import write_text_atomically
-from sidecar.event_loop import EVENT_LOOPS
+from sidecar import EVENT_LOOPS, write_text_atomically
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gateway_overhead.json"

@@ -5,6 +5,9 @@ the harness, the benchmarks) may use besides :mod:`sidecar.contract`,
 :mod:`sidecar.client` and the generated :mod:`sidecar.pb`.
 """
 
+# From sidecar.admission
+from sidecar.admission import Ack, DedupeWindow
+
 # From sidecar.atomic_files
 from sidecar.atomic_files import (
     write_atomically,
@@ -40,6 +43,12 @@ from sidecar.credentials import (
     security_fields,
 )
 
+# From sidecar.engines.registry
+from sidecar.engines.registry import ENGINE_KINDS
+
+# From sidecar.event_loop
+from sidecar.event_loop import EVENT_LOOPS
+
 # From sidecar.exceptions
 from sidecar.exceptions import ConfigError, SidecarError, one_line
 
@@ -52,14 +61,22 @@ from sidecar.otel import Tracing, otel_environment, start_tracing, tracing_reque
 # From sidecar.percentiles
 from sidecar.percentiles import percentile, percentiles
 
+# From sidecar.result_channels.registry
+from sidecar.result_channels.registry import RESULT_CHANNEL_KINDS
+
 # From sidecar.shipped
 from sidecar.shipped import conf_dir
 
 __all__ = [
+    "ENGINE_KINDS",
+    "EVENT_LOOPS",
+    "RESULT_CHANNEL_KINDS",
     "RESULT_SCHEMA",
     "TOKEN_METADATA_KEY",
+    "Ack",
     "ClientSecurity",
     "ConfigError",
+    "DedupeWindow",
     "EngineConfig",
     "ResultChannelConfig",
     "SchedulerConfig",
