@@ -47,6 +47,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sidecar.admission import Ack, Admission, Gate, Refusal
@@ -66,6 +67,22 @@ if TYPE_CHECKING:
     from sidecar.tracing import SidecarTracer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Run:
+    """One run of a request in the engine: its outcome so far and its timings
+    (``time.monotonic()``; areas are :meth:`Scheduler._batch_area` readings)."""
+
+    started: float
+    area_at_start: float
+    status: RequestStatus = RequestStatus.FINISHED_ERROR
+    finish_reason: FinishReason = FinishReason.ERROR
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    area_at_first: float = 0.0
+    preempted: bool = False
+    """Cancelled for a preemption: it goes back to its queue, no row."""
 
 
 def _uncancel_current() -> int:
@@ -460,57 +477,21 @@ class Scheduler:
         self._wait_estimates.pop(req.request_id, None)
 
     async def _serve(self, req: SidecarRequest) -> None:
+        """The serving task of a running request: consume the engine's stream under the
+        request's deadline, then end the run (:meth:`_served`)."""
         assert req.priority is not None
-        rid = req.request_id
         pool = self.pools[req.priority]
-        if running := pool.running.get(rid):
+        if running := pool.running.get(req.request_id):
             running.live = True
-        engine_req = EngineRequest(rid, req.prompt_token_ids, req.max_tokens, req.temperature,
-                                   req.seed, int(req.priority))
-        remaining_s = (req.deadline_ts - now_ms()) / 1000.0
         deadline_timer = self._timers.call_later(
-            remaining_s, self._deadline_passed_running
+            (req.deadline_ts - now_ms()) / 1000.0, self._deadline_passed_running
             if pool.config.on_deadline == "finish_and_backfill" else self._deadline_abort, req)
-        status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
-        area_at_start = self._batch_area(started)
-        first_token_at = last_token_at = None
-        area_at_first = 0.0
-        preempted = False
+        run = _Run(started, self._batch_area(started))
         try:
-            async for progress in self.engine.generate(engine_req):
-                if progress.output_tokens > req.output_tokens:
-                    last_token_at = time.monotonic()
-                    if first_token_at is None:
-                        first_token_at = last_token_at
-                        area_at_first = self._batch_area(last_token_at)
-                        req.first_token_ts = now_ms()
-                req.text = progress.text
-                req.output_tokens = progress.output_tokens
-                if progress.cached_tokens > req.cached_tokens:
-                    req.cached_tokens = progress.cached_tokens
-                if progress.finished:
-                    finish_reason = progress.finish_reason or FinishReason.STOP
-                    status = (RequestStatus.FINISHED_LENGTH
-                              if finish_reason is FinishReason.LENGTH
-                              else RequestStatus.FINISHED_OK)
-            if status is RequestStatus.FINISHED_ERROR:
-                req.error = "engine stream ended without a final output"
+            await self._generate(req, run)
         except asyncio.CancelledError:
-            if rid in self._preempting and status is RequestStatus.FINISHED_ERROR:
-                preempted = True  # requeued below; the cancel was ours
-            elif self.engine_error is not None:
-                # engine_failed cancelled it: one error row, not an abort.
-                req.error = f"engine died: {self.engine_error}"
-                if _uncancel_current() > 0:
-                    raise  # cancelled by someone else too (shutdown)
-            elif rid in self._expiring and _uncancel_current() == 0:
-                # Our deadline cancel and nobody else's (asyncio.timeout's rule).
-                status, finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
-                req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
-            else:
-                status, finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
-                req.error = req.error or "aborted by sidecar shutdown"
+            if self._cancelled(req, run):
                 raise
         except EngineDeadError as e:
             req.error = f"engine died: {e}"
@@ -521,42 +502,97 @@ class Scheduler:
             logger.exception("Request %s failed in the engine.", req.request_id)
         finally:
             self._timers.cancel(deadline_timer)
-            area_at_last = self._batch_area()
-            late = self._late.pop(rid, None) if self._late else None
-            if not req.late:  # late work left its pool at the deadline
-                pool.stopped(req)
-            if not req.late or late is not None:  # _abort_late freed the slot already
-                self._in_flight_total -= 1
-            self._tasks.pop(rid, None)
-            self._preempting.discard(rid)
-            self._expiring.discard(rid)
-            if preempted:
-                self._requeue(req)
-            else:
-                self.counters.prompt_tokens_total += req.prompt_tokens
-                self.counters.cached_tokens_total += req.cached_tokens
-            if first_token_at is not None and not preempted:
-                completed = (status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
-                             and not req.late)  # to the estimator, late work was aborted
-                tpot = ((last_token_at - first_token_at) / (req.output_tokens - 1)
-                        if last_token_at is not None and req.output_tokens > 1 else None)
-                self.estimator.observe_finish(
-                    req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
-                    output_tokens=req.output_tokens if completed else 0,
-                    max_tokens=req.max_tokens,
-                    ttft_batch=self._mean_batch(area_at_start, area_at_first,
-                                                first_token_at - started),
-                    batch=self._mean_batch(area_at_first, area_at_last,
-                                           last_token_at - first_token_at
-                                           if last_token_at is not None else 0.0))
-            if preempted:
-                pass
-            elif not req.late:
-                self._finish(req, status, finish_reason)
+            self._served(req, pool, run)
+
+    async def _generate(self, req: SidecarRequest, run: _Run) -> None:
+        """Consume the engine's stream of ``req``: text and tokens into ``req``, the
+        outcome and token times into ``run``."""
+        assert req.priority is not None
+        engine_req = EngineRequest(req.request_id, req.prompt_token_ids, req.max_tokens,
+                                   req.temperature, req.seed, int(req.priority))
+        async for progress in self.engine.generate(engine_req):
+            if progress.output_tokens > req.output_tokens:
+                run.last_token_at = time.monotonic()
+                if run.first_token_at is None:
+                    run.first_token_at = run.last_token_at
+                    run.area_at_first = self._batch_area(run.last_token_at)
+                    req.first_token_ts = now_ms()
+            req.text = progress.text
+            req.output_tokens = progress.output_tokens
+            if progress.cached_tokens > req.cached_tokens:
+                req.cached_tokens = progress.cached_tokens
+            if progress.finished:
+                run.finish_reason = progress.finish_reason or FinishReason.STOP
+                run.status = (RequestStatus.FINISHED_LENGTH
+                              if run.finish_reason is FinishReason.LENGTH
+                              else RequestStatus.FINISHED_OK)
+        if run.status is RequestStatus.FINISHED_ERROR:
+            req.error = "engine stream ended without a final output"
+
+    def _cancelled(self, req: SidecarRequest, run: _Run) -> bool:
+        """Record why the serving task of ``req`` was cancelled: a preemption (it goes
+        back to its queue), the engine's death (an error row), its deadline (``timeout``)
+        or a shutdown (``abort``). Returns whether the cancel must propagate (it was
+        someone else's too)."""
+        rid = req.request_id
+        if rid in self._preempting and run.status is RequestStatus.FINISHED_ERROR:
+            run.preempted = True  # requeued by _served; the cancel was ours
+            return False
+        if self.engine_error is not None:
+            # engine_failed cancelled it: one error row, not an abort.
+            req.error = f"engine died: {self.engine_error}"
+            return _uncancel_current() > 0  # cancelled by someone else too (shutdown)
+        if rid in self._expiring and _uncancel_current() == 0:
+            # Our deadline cancel and nobody else's (asyncio.timeout's rule).
+            run.status, run.finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
+            req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
+            return False
+        run.status, run.finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
+        req.error = req.error or "aborted by sidecar shutdown"
+        return True
+
+    def _served(self, req: SidecarRequest, pool: Pool, run: _Run) -> None:
+        """A run left the engine: free its slot, teach the estimator, and end it (its
+        terminal row, its late row, or back to its queue after a preemption)."""
+        rid = req.request_id
+        area_at_last = self._batch_area()
+        late = self._late.pop(rid, None) if self._late else None
+        if not req.late:  # late work left its pool at the deadline
+            pool.stopped(req)
+        if not req.late or late is not None:  # _abort_late freed the slot already
+            self._in_flight_total -= 1
+        self._tasks.pop(rid, None)
+        self._preempting.discard(rid)
+        self._expiring.discard(rid)
+        if run.preempted:
+            self._requeue(req)
+        else:
+            self.counters.prompt_tokens_total += req.prompt_tokens
+            self.counters.cached_tokens_total += req.cached_tokens
+            if run.first_token_at is not None:
+                self._observe_run(req, run, area_at_last)
+            if not req.late:
+                self._finish(req, run.status, run.finish_reason)
             elif late is not None:
-                self._end_late_work(req, status, finish_reason, tokens_counted=late[1])
-            self._wake.set()
-            self._update_idle()
+                self._end_late_work(req, run.status, run.finish_reason, tokens_counted=late[1])
+        self._wake.set()
+        self._update_idle()
+
+    def _observe_run(self, req: SidecarRequest, run: _Run, area_at_last: float) -> None:
+        """Teach the estimator a run's TTFT, TPOT and the batches it ran in."""
+        assert req.priority is not None and run.first_token_at is not None
+        first, last = run.first_token_at, run.last_token_at
+        completed = (run.status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
+                     and not req.late)  # to the estimator, late work was aborted
+        tpot = ((last - first) / (req.output_tokens - 1)
+                if last is not None and req.output_tokens > 1 else None)
+        self.estimator.observe_finish(
+            req.priority, ttft_s=first - run.started, tpot_s=tpot,
+            output_tokens=req.output_tokens if completed else 0, max_tokens=req.max_tokens,
+            ttft_batch=self._mean_batch(run.area_at_start, run.area_at_first,
+                                        first - run.started),
+            batch=self._mean_batch(run.area_at_first, area_at_last,
+                                   last - first if last is not None else 0.0))
 
     def _deadline_abort(self, req: SidecarRequest) -> None:
         """The deadline of a running request of an ``abort`` pool: cancel its serving
