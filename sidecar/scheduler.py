@@ -833,4 +833,5 @@ class Scheduler:
             late_in_flight=len(self._late),
             preemptions=c.preemptions,
             wait_error_s=c.wait_error_summary(),
+            result_channel=self.results.stats() if self.results is not None else None,
         )

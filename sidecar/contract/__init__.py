@@ -18,6 +18,14 @@ from sidecar.contract.result_files import (
     result_file_name,
 )
 
+# From sidecar.contract.result_json
+from sidecar.contract.result_json import (
+    RESULT_COLUMNS,
+    decode_result,
+    encode_result,
+    result_topic,
+)
+
 # From sidecar.contract.schema
 from sidecar.contract.schema import RESULT_SCHEMA
 
@@ -49,6 +57,7 @@ __all__ = [
     "MAX_ATTRIBUTE_BYTES",
     "MAX_ATTRIBUTE_KEYS",
     "PRIORITY_NAMES",
+    "RESULT_COLUMNS",
     "RESULT_SCHEMA",
     "STATUSES",
     "TRACEPARENT",
@@ -58,6 +67,8 @@ __all__ = [
     "ResultFileKey",
     "Status",
     "attributes_problem",
+    "decode_result",
+    "encode_result",
     "event_span_id",
     "event_traceparent",
     "format_traceparent",
@@ -65,6 +76,7 @@ __all__ = [
     "parse_result_file_name",
     "parse_traceparent",
     "result_file_name",
+    "result_topic",
     "traceparent_sampled",
     "w3c_trace_id",
 ]

@@ -33,7 +33,7 @@ def _files(config: ResultChannelConfig, sidecar_id: str) -> ResultChannel:
 def _kafka(config: ResultChannelConfig, sidecar_id: str) -> ResultChannel:
     from sidecar.result_channels.kafka import KafkaResultChannel  # confluent-kafka on use
 
-    return KafkaResultChannel(config.kafka, sidecar_id)
+    return KafkaResultChannel(config.kafka, sidecar_id, flush_interval_s=config.flush_interval_s)
 
 
 #: How each kind of :data:`RESULT_CHANNEL_KINDS` is built.
