@@ -6,7 +6,8 @@ that does not load, an address that cannot be bound) undoes what it started,
 and every exit runs the same steps in reverse. It serves until SIGTERM/SIGINT,
 then drains: health turns ``NOT_SERVING``, new requests are refused
 (``shed``/``draining``), queued and running requests finish or hit their
-deadlines (at most ``drain_timeout_s``), results are flushed, and it returns.
+deadlines (at most ``drain_timeout_s``), the result channel delivers what it holds
+(a bounded wait of ``drain_timeout_s`` more for Kafka), and it returns.
 
 When the engine dies, health turns ``NOT_SERVING`` at once, new requests are
 refused (``engine_unavailable``, one row each), queued and running requests end
