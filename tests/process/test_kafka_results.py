@@ -98,10 +98,23 @@ def test_every_result_has_one_record_on_its_topic(kafka_broker, tmp_path: Path) 
             assert sidecar.client is not None
             acks = sidecar.client.submit(rows).acks
             assert sum(a.accepted for a in acks) == 46  # all but the unknown priority
-            by_key = reader.until({r["request_id"] for r in rows})
-        assert reader.stored() == len(rows)  # exactly one record each, none duplicated
+            reader.until({r["request_id"] for r in rows})
+            # finish_and_backfill (low in conf/sidecar.yaml): still generating at its
+            # deadline, it gets its timeout row then, and its late ok row on the same topic.
+            late = make_request(f"{run}-late", priority="low", max_tokens=400,
+                                deadline_in_ms=300)
+            assert sidecar.client.submit([late]).acks[0].accepted
+            wait_until(lambda: reader.read() and len(
+                [k for _, k, _ in reader.records if k == late["request_id"]]) == 2, 60,
+                interval_s=0.0, what="the late row")
+        by_key = reader.until({r["request_id"] for r in rows})
+        assert reader.stored() == len(rows) + 2  # one record each, two for the late one
     finally:
         reader.close()
+    (topic_1, timeout_row), (topic_2, late_row) = by_key.pop(f"{run}-late")
+    assert topic_1 == topic_2 == template.format(priority="low")
+    assert (timeout_row["status"], timeout_row["late"]) == ("timeout", False)
+    assert (late_row["status"], late_row["late"], late_row["reason"]) == ("ok", True, "")
     for row in rows:
         (topic, value), = by_key[row["request_id"]]
         assert value["request_id"] == row["request_id"] and value["late"] is False
