@@ -27,7 +27,9 @@ smaller batch (per-sequence decode speed falls as the batch grows), lower work i
 preempted and held back while it runs (:meth:`LoadControl.fit_batch`).
 
 Every request with a ``request_id`` ends in exactly one terminal result, written
-through :meth:`_finish`, which ignores a second finish of the same request.
+through :meth:`_finish`, which ignores a second finish of the same request (the one
+exception: a refusal while the result channel has no room left even for refusal rows
+is answered by its ack alone, see :mod:`sidecar.admission.gate`).
 
 At the deadline of a running request its pool's ``on_deadline`` decides. ``abort``:
 the request is aborted in the engine and ends ``timeout``. ``finish_and_backfill``:
@@ -167,7 +169,7 @@ class Scheduler:
                                    counters=self.counters, fallback_text=self._fallback_text,
                                    shed=self._shed, enqueue=self._enqueue)
 
-    # ------------------------------------------------------------------ lifecycle: start
+    # ------------------------------------------------------------------ start and intake
 
     def start(self) -> None:
         """Start the dispatch loop (inside the event loop)."""
