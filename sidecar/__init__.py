@@ -22,6 +22,7 @@ from sidecar.client import SidecarClient, request_to_proto
 # From sidecar.config
 from sidecar.config import (
     EngineConfig,
+    KafkaChannelConfig,
     ResultChannelConfig,
     SchedulerConfig,
     ServerConfig,
@@ -78,6 +79,7 @@ __all__ = [
     "ConfigError",
     "DedupeWindow",
     "EngineConfig",
+    "KafkaChannelConfig",
     "ResultChannelConfig",
     "SchedulerConfig",
     "ServerConfig",
