@@ -25,8 +25,7 @@ from benchmarks.cli_args import SCHEMES
 from benchmarks.generate import generate
 from benchmarks.profiles import TrafficProfile, load_profile
 from benchmarks.schemes import RunContext, run_scheme
-from sidecar import ConfigError
-from sidecar.contract import write_text_atomically
+from sidecar import ConfigError, write_text_atomically
 from sts_harness.hops import format_hops
 
 #: Knee: the first rate where P99 exceeds this multiple of the baseline rate's P99,
@@ -153,7 +152,7 @@ def run_bench(opts: BenchOptions) -> dict:
     """Run the benchmark; return (and write) the result document."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from benchmarks.plots import plot_bench
-    from sidecar.contract import ClientSecurity
+    from sidecar import ClientSecurity
     from sts_harness.process import SidecarProcess, write_token_file
 
     profile = load_profile(opts.profile)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from sidecar import ENGINE_KINDS
+
 SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
 
 DEFAULT_TOKENS_PER_S = 3400.0
@@ -13,7 +15,7 @@ DEFAULT_TOKENS_PER_S = 3400.0
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``sts bench``."""
     p.add_argument("--profile", default="cpu-small", help="conf/profiles/<name>.yaml or a path")
-    p.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
+    p.add_argument("--engine", choices=ENGINE_KINDS, default=ENGINE_KINDS[0])
     p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
     p.add_argument("--rates", help="comma-separated offered events/s (default: profile x 0.5..4)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per run")

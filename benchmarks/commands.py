@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sidecar import ConfigError
+from sidecar import ConfigError, one_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     try:
         return run_bench_command(args)
     except (FileNotFoundError, ValueError) as e:  # a profile or option that does not fit
-        raise ConfigError(f"{' '.join(str(e).split())} (sts bench)") from None
+        raise ConfigError(f"{one_line(e)} (sts bench)") from None
     except SparkStartError as e:
         print(f"sts: {e} (sts bench)", file=sys.stderr)
         return 1

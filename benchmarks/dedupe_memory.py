@@ -1,6 +1,6 @@
 """Memory of the sidecar's de-duplication window at its default size (a figure, not a test).
 
-Fills a :class:`sidecar.dedupe.DedupeWindow` the way the scheduler does (every id
+Fills a :class:`sidecar.DedupeWindow` the way the scheduler does (every id
 remembered once, 1 in 10 refused) with ids shaped like the Spark side's (32 hex
 characters of a SHA-256), in a fresh process, and reports the growth of the
 resident set size and the time per id.
@@ -30,9 +30,8 @@ def rss_mb() -> float:
 
 def measure(ids: int, capacity: int) -> dict:
     """Fill a window of ``capacity`` with ``ids`` ids; RSS growth and time per id."""
-    from sidecar.admission import Ack
+    from sidecar import Ack, DedupeWindow
     from sidecar.contract import Priority, RefusalReason
-    from sidecar.dedupe import DedupeWindow
 
     gc.collect()
     before = rss_mb()

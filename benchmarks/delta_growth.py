@@ -25,7 +25,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from benchmarks.cli_args import positive_ints
-from sidecar.contract import write_text_atomically
+from sidecar import write_text_atomically
+from sidecar.contract import now_ms
 from spark_ext.l4.answer_store import AnswerStore
 from spark_ext.l4.answers import build_answers
 
@@ -36,11 +37,11 @@ BACKFILL_ROWS = 20
 _CHUNK = 100_000
 
 
-def _rows(start: int, n: int, now_ms: int, *, source: str = "llm") -> list[dict]:
-    """``n`` answer rows for ids ``start..``, arrived at 200/s up to ``now_ms``."""
+def _rows(start: int, n: int, until_ms: int, *, source: str = "llm") -> list[dict]:
+    """``n`` answer rows for ids ``start..``, arrived at 200/s up to ``until_ms``."""
     out = []
     for i in range(start, start + n):
-        enqueue = now_ms - (start + n - i) * 1000 // RATE_PER_S
+        enqueue = until_ms - (start + n - i) * 1000 // RATE_PER_S
         out.append({"request_id": f"r{i:09d}", "trace_id": f"t{i}", "priority": "normal",
                     "answer": "Thanks, your order ships today." if source == "llm" else "F",
                     "answer_source": source, "status": "ok" if source == "llm" else "timeout",
@@ -51,11 +52,11 @@ def _rows(start: int, n: int, now_ms: int, *, source: str = "llm") -> list[dict]
     return out
 
 
-def _grow(store: AnswerStore, have: int, want: int, now_ms: int) -> int:
+def _grow(store: AnswerStore, have: int, want: int, at_ms: int) -> int:
     """Bulk-append rows until the table holds ``want`` (times are what 200/s gives)."""
     while have < want:
         n = min(_CHUNK, want - have)
-        table = build_answers(_rows(have, n, now_ms), store.key_columns, now_ms)
+        table = build_answers(_rows(have, n, at_ms), store.key_columns, at_ms)
         store.append("answers", table, app_id="bulk", version=have)
         have += n
     return have
@@ -63,7 +64,7 @@ def _grow(store: AnswerStore, have: int, want: int, now_ms: int) -> int:
 
 def measure(size: int, batches: int, workdir: Path, store: AnswerStore, have: int) -> dict:
     """Grow to ``size`` rows, then time ``batches`` micro-batch writes at that size."""
-    now = int(time.time() * 1000)
+    now = now_ms()
     start = time.perf_counter()
     have = _grow(store, have, size, now)
     # What the pipeline's maintenance ticker does every few minutes: compact the recent
@@ -74,7 +75,7 @@ def measure(size: int, batches: int, workdir: Path, store: AnswerStore, have: in
     appends, backfills = [], []
     next_id = 10_000_000_000 + size * 10
     for b in range(batches):
-        fallback = _rows(next_id, BATCH_ROWS, int(time.time() * 1000), source="fallback")
+        fallback = _rows(next_id, BATCH_ROWS, now_ms(), source="fallback")
         next_id += BATCH_ROWS
         t0 = time.perf_counter()
         store.record_answers(fallback, app_id=f"answers-{size}", version=b)

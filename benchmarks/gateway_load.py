@@ -31,8 +31,9 @@ import pyarrow.parquet as pq
 from benchmarks.cpu_accounting import process_cpu_s
 from benchmarks.gateway_sidecar import DEADLINE_MS, BenchmarkError
 from benchmarks.result_watcher import ResultFileWatcher
+from sidecar import percentile
 from sidecar.client import SidecarClient
-from sidecar.contract import now_ms, percentile
+from sidecar.contract import now_ms
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 from sts_harness.process import SidecarProcess

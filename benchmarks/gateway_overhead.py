@@ -41,7 +41,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -54,8 +54,10 @@ from benchmarks.gateway_sidecar import (
     BenchmarkError,
     pinned_sidecar,
 )
-from sidecar.contract import write_text_atomically
-from sidecar.event_loop import EVENT_LOOPS
+from sidecar import EVENT_LOOPS, write_text_atomically
+
+if TYPE_CHECKING:
+    from sts_harness.process import SidecarProcess
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gateway_overhead.json"
@@ -101,13 +103,7 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
         ValueError: An argument is out of range.
         BenchmarkError: The sidecar failed to start, died, or refused requests.
     """
-    if not duration_s > 0:
-        raise ValueError(f"{duration_s=} must be > 0")
-    if not batch_sizes or any(b < 1 for b in batch_sizes):
-        raise ValueError(f"{batch_sizes=} must be a non-empty list of positive sizes")
-    if threads < 1 or latency_samples < 1 or latency_interval_s < 0:
-        raise ValueError(f"{threads=} and {latency_samples=} must be >= 1, "
-                         f"{latency_interval_s=} >= 0")
+    _check(duration_s, batch_sizes, threads, latency_samples, latency_interval_s)
     original = os.sched_getaffinity(0)
     cores = sorted(original)
     core = cores[0] if sidecar_core is None else sidecar_core
@@ -128,59 +124,20 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                               "machine": machine_info(), "settings": settings}
     # How fast this machine runs Python now, on the sidecar's core (shared VMs vary).
-    pin_threads({core})
-    reference = {"before_ms": reference_cpu_ms()}
-    pin_threads(original)
+    reference = {"before_ms": _reference_on(core, original)}
     result["machine"]["reference_cpu_ms"] = reference
     _log("reference workload on core %d: %.1f ms CPU", core, reference["before_ms"])
     with tempfile.TemporaryDirectory(prefix="sts-gateway-bench-") as tmp:
         _log("starting the sidecar pinned to core %d (client cores %s)", core,
              sorted(client_cores))
-        with pinned_sidecar(Path(tmp), core, event_loop) as sidecar, \
-                ThreadPoolExecutor(threads, thread_name_prefix="bench-client") as pool:
-            assert sidecar.client is not None
+        with pinned_sidecar(Path(tmp), core, event_loop) as sidecar:
             _log("sidecar serving on %s", sidecar.target)
-            channels = [make_stub(sidecar.target) for _ in range(threads)]
-            stubs = [stub for _, stub in channels]
             try:
-                pin_threads(client_cores)
-                _log("warm-up %.1f s", _WARMUP_S)
-                throughput(sidecar, stubs, 8, _WARMUP_S, "warm", pool, len(client_cores))
-                time.sleep(0.3)  # let the warm-up's results reach disk
-                _log("added latency: %d single-request submits %.0f ms apart", latency_samples,
-                     latency_interval_s * 1000)
-                result["added_latency"] = lat = added_latency(
-                    sidecar, stubs[0], latency_samples, latency_interval_s)
-                _log("  ack rtt p50 %.3f ms, received->finish mean %.2f ms, "
-                     "finish->visible mean %.1f ms", lat["ack_rtt_ms"]["p50"],
-                     lat["received_to_finish_ms"]["mean"],
-                     _or_nan(lat["finish_to_visible_ms"]["mean"]))
-                result["throughput"] = []
-                for window, size in enumerate(batch_sizes):
-                    _log("batch %d: %d thread(s) for %.1f s", size, threads, duration_s)
-                    pin_threads(client_cores)
-                    # Ids unique per window: a batch size given twice is new work again.
-                    row = throughput(sidecar, stubs, size, duration_s, f"w{window}-b{size}",
-                                     pool, len(client_cores))
-                    if row["refused"]:
-                        raise BenchmarkError(f"batch {size}: sidecar refused requests "
-                                             f"{row['refused']}; the engine is not absorbing")
-                    result["throughput"].append(row)
-                    _log("  %.0f req/s, %.0f rpc/s, ack p50 %.3f ms, completed %.0f/s, "
-                         "sidecar cpu %s, %s us cpu/request", row["submissions_per_s"],
-                         row["rpcs_per_s"], row["ack_ms_per_rpc"]["p50"],
-                         row["completed_per_s"], row["sidecar_cpu_util"],
-                         row["sidecar_cpu_us_per_request"])
-            except grpc.RpcError as e:
-                raise BenchmarkError(f"RPC to the sidecar failed: {e.code()} {e.details()}. "
-                                     f"Sidecar log:\n{sidecar.tail_log()}") from e
+                result.update(_measure(sidecar, batch_sizes, duration_s, threads,
+                                       client_cores, latency_samples, latency_interval_s))
             finally:
-                for channel, _ in channels:
-                    channel.close()
                 pin_threads(original)
-    pin_threads({core})
-    reference["after_ms"] = reference_cpu_ms()
-    pin_threads(original)
+    reference["after_ms"] = _reference_on(core, original)
     _log("reference workload on core %d after the run: %.1f ms CPU", core,
          reference["after_ms"])
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -188,6 +145,75 @@ def run(duration_s: float, batch_sizes: list[int], threads: int, out: Path | Non
         write_text_atomically(out, json.dumps(result, indent=2) + "\n")
         _log("wrote %s", out)
     return result
+
+
+def _check(duration_s: float, batch_sizes: list[int], threads: int, latency_samples: int,
+           latency_interval_s: float) -> None:
+    """Refuse arguments out of range (``ValueError``)."""
+    if not duration_s > 0:
+        raise ValueError(f"{duration_s=} must be > 0")
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ValueError(f"{batch_sizes=} must be a non-empty list of positive sizes")
+    if threads < 1 or latency_samples < 1 or latency_interval_s < 0:
+        raise ValueError(f"{threads=} and {latency_samples=} must be >= 1, "
+                         f"{latency_interval_s=} >= 0")
+
+
+def _reference_on(core: int, original: set[int]) -> float:
+    """CPU ms of the reference workload on ``core`` (then back to ``original``)."""
+    pin_threads({core})
+    try:
+        return reference_cpu_ms()
+    finally:
+        pin_threads(original)
+
+
+def _measure(sidecar: SidecarProcess, batch_sizes: list[int], duration_s: float,
+             threads: int, client_cores: set[int], latency_samples: int,
+             latency_interval_s: float) -> dict[str, Any]:
+    """Warm up, then the added-latency run and one throughput window per batch size,
+    from ``threads`` client threads pinned to ``client_cores``."""
+    assert sidecar.client is not None
+    out: dict[str, Any] = {}
+    channels = [make_stub(sidecar.target) for _ in range(threads)]
+    stubs = [stub for _, stub in channels]
+    try:
+        with ThreadPoolExecutor(threads, thread_name_prefix="bench-client") as pool:
+            pin_threads(client_cores)
+            _log("warm-up %.1f s", _WARMUP_S)
+            throughput(sidecar, stubs, 8, _WARMUP_S, "warm", pool, len(client_cores))
+            time.sleep(0.3)  # let the warm-up's results reach disk
+            _log("added latency: %d single-request submits %.0f ms apart", latency_samples,
+                 latency_interval_s * 1000)
+            out["added_latency"] = lat = added_latency(
+                sidecar, stubs[0], latency_samples, latency_interval_s)
+            _log("  ack rtt p50 %.3f ms, received->finish mean %.2f ms, "
+                 "finish->visible mean %.1f ms", lat["ack_rtt_ms"]["p50"],
+                 lat["received_to_finish_ms"]["mean"],
+                 _or_nan(lat["finish_to_visible_ms"]["mean"]))
+            out["throughput"] = []
+            for window, size in enumerate(batch_sizes):
+                _log("batch %d: %d thread(s) for %.1f s", size, threads, duration_s)
+                pin_threads(client_cores)
+                # Ids unique per window: a batch size given twice is new work again.
+                row = throughput(sidecar, stubs, size, duration_s, f"w{window}-b{size}",
+                                 pool, len(client_cores))
+                if row["refused"]:
+                    raise BenchmarkError(f"batch {size}: sidecar refused requests "
+                                         f"{row['refused']}; the engine is not absorbing")
+                out["throughput"].append(row)
+                _log("  %.0f req/s, %.0f rpc/s, ack p50 %.3f ms, completed %.0f/s, "
+                     "sidecar cpu %s, %s us cpu/request", row["submissions_per_s"],
+                     row["rpcs_per_s"], row["ack_ms_per_rpc"]["p50"],
+                     row["completed_per_s"], row["sidecar_cpu_util"],
+                     row["sidecar_cpu_us_per_request"])
+    except grpc.RpcError as e:
+        raise BenchmarkError(f"RPC to the sidecar failed: {e.code()} {e.details()}. "
+                             f"Sidecar log:\n{sidecar.tail_log()}") from e
+    finally:
+        for channel, _ in channels:
+            channel.close()
+    return out
 
 
 def format_table(result: dict) -> str:

@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from benchmarks.cli_args import positive_ints
-from sidecar.contract import percentiles, write_text_atomically
+from sidecar import percentiles, write_text_atomically
 from spark_ext.config import EmbeddingConfig, KnowledgeBaseConfig
 from spark_ext.l1.embedding import embed_column, embed_texts, task_device
 from spark_ext.l2.knowledge_base import KnowledgeBaseReader, build_knowledge_base

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from benchmarks.generate import GeneratedRequest, generate
 from benchmarks.profiles import TrafficProfile
+from sidecar import percentile
 from sidecar.client import SidecarClient
-from sidecar.contract import Priority, now_ms, percentile
+from sidecar.contract import Priority, now_ms
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sts_harness.result_check import wait_for_results
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from benchmarks.cli_args import add_plan_arguments
 from benchmarks.profiles import TrafficProfile, load_profile
+from sidecar import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -166,18 +167,8 @@ def plan(profile: TrafficProfile | None, tokens_per_s_per_gpu: float,
                      else profile.output_tokens.mean())
     mean_in = (float(mean_input_tokens) if mean_input_tokens is not None
                else profile.input_tokens.mean() if profile is not None else None)
-    for name, value in (("peak_qps", peak), ("mean_output_tokens", mean_out),
-                        ("mean_input_tokens", mean_in), ("gpu_hour_price", gpu_hour_price),
-                        ("api_price_per_mtok_out", api_price_per_mtok_out)):
-        _positive(name, value)
-    if api_price_per_mtok_in is not None:
-        if api_price_per_mtok_in < 0:
-            raise ValueError(f"{api_price_per_mtok_in=} must be >= 0")
-        if api_price_per_mtok_out is None:
-            raise ValueError("api_price_per_mtok_in needs api_price_per_mtok_out")
-        if api_price_per_mtok_in > 0 and mean_in is None:
-            raise ValueError("api_price_per_mtok_in needs mean_input_tokens (or a profile)")
-
+    _check_prices(peak, mean_out, mean_in, gpu_hour_price, api_price_per_mtok_out,
+                  api_price_per_mtok_in)
     required = peak * mean_out
     per_gpu = tokens_per_s_per_gpu * target_utilisation
     gpus_exact = required / per_gpu
@@ -191,19 +182,44 @@ def plan(profile: TrafficProfile | None, tokens_per_s_per_gpu: float,
         gpus_exact=gpus_exact, gpus=gpus, utilisation_at_peak=utilisation,
         headroom=1.0 - utilisation, max_qps_per_gpu=per_gpu / mean_out,
         gpu_hour_price=gpu_hour_price, api_price_per_mtok_out=api_price_per_mtok_out)
-    if gpu_hour_price is not None:
-        result.gpu_cost_per_hour = gpus * gpu_hour_price
-    if api_price_per_mtok_out is not None:
-        price_in = api_price_per_mtok_in or 0.0
-        result.api_price_per_mtok_in = price_in
-        result.api_cost_per_request = (mean_out * api_price_per_mtok_out
-                                       + (mean_in or 0.0) * price_in) / 1e6
-        result.api_cost_per_hour_at_peak = peak * 3600 * result.api_cost_per_request
-        if gpu_hour_price is not None:
-            result.break_even_qps = gpu_hour_price / 3600 / result.api_cost_per_request
-            result.break_even_fits_one_gpu = result.break_even_qps <= result.max_qps_per_gpu
+    _add_costs(result, api_price_per_mtok_in)
     logger.debug("Plan for %s: %s GPUs.", result.profile, gpus)
     return result
+
+
+def _check_prices(peak: float, mean_out: float, mean_in: float | None,
+                  gpu_hour_price: float | None, api_price_per_mtok_out: float | None,
+                  api_price_per_mtok_in: float | None) -> None:
+    """Refuse non-positive rates, lengths and prices, and an input price without what
+    it needs (``ValueError``)."""
+    for name, value in (("peak_qps", peak), ("mean_output_tokens", mean_out),
+                        ("mean_input_tokens", mean_in), ("gpu_hour_price", gpu_hour_price),
+                        ("api_price_per_mtok_out", api_price_per_mtok_out)):
+        _positive(name, value)
+    if api_price_per_mtok_in is not None:
+        if api_price_per_mtok_in < 0:
+            raise ValueError(f"{api_price_per_mtok_in=} must be >= 0")
+        if api_price_per_mtok_out is None:
+            raise ValueError("api_price_per_mtok_in needs api_price_per_mtok_out")
+        if api_price_per_mtok_in > 0 and mean_in is None:
+            raise ValueError("api_price_per_mtok_in needs mean_input_tokens (or a profile)")
+
+
+def _add_costs(result: CapacityPlan, api_price_per_mtok_in: float | None) -> None:
+    """The fleet's cost per hour, the API's cost per request and hour, and the
+    break-even rate, as far as the prices given allow."""
+    if result.gpu_hour_price is not None:
+        result.gpu_cost_per_hour = result.gpus * result.gpu_hour_price
+    if result.api_price_per_mtok_out is None:
+        return
+    price_in = api_price_per_mtok_in or 0.0
+    result.api_price_per_mtok_in = price_in
+    result.api_cost_per_request = (result.mean_output_tokens * result.api_price_per_mtok_out
+                                   + (result.mean_input_tokens or 0.0) * price_in) / 1e6
+    result.api_cost_per_hour_at_peak = result.peak_qps * 3600 * result.api_cost_per_request
+    if result.gpu_hour_price is not None:
+        result.break_even_qps = result.gpu_hour_price / 3600 / result.api_cost_per_request
+        result.break_even_fits_one_gpu = result.break_even_qps <= result.max_qps_per_gpu
 
 
 def format_plan(p: CapacityPlan) -> str:
@@ -249,7 +265,7 @@ def run_plan(args: argparse.Namespace) -> int:
                       gpu_hour_price=args.gpu_hour_price,
                       api_price_per_mtok_in=args.api_price_in, peak_qps=args.peak_qps)
     except (FileNotFoundError, ValueError) as e:
-        print(f"sts: {' '.join(str(e).split())} (sts plan)", file=sys.stderr)
+        print(f"sts: {one_line(e)} (sts plan)", file=sys.stderr)
         return 2
     print(json.dumps(dataclasses.asdict(result), indent=2) if args.json else format_plan(result))
     return 0

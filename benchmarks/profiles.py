@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.distributions import ArrivalProcess, LengthDistribution, check_int
-from sidecar.contract import PRIORITY_NAMES, as_dataclass, conf_dir, read_yaml
+from sidecar import as_dataclass, conf_dir, read_yaml
+from sidecar.contract import PRIORITY_NAMES
 
 PROFILES_DIR = conf_dir() / "profiles"
 """Where bare profile names resolve (``conf/profiles`` of the checkout, or the copy an

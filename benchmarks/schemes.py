@@ -29,14 +29,9 @@ from benchmarks.cli_args import SCHEMES
 from benchmarks.generate import GeneratedRequest, events_for_spark
 from benchmarks.loadgen import send_on_schedule
 from benchmarks.profiles import TrafficProfile
+from sidecar import percentiles, security_fields, write_text_atomically
 from sidecar.client import SidecarClient
-from sidecar.contract import (
-    PRIORITY_NAMES,
-    now_ms,
-    percentiles,
-    security_fields,
-    write_text_atomically,
-)
+from sidecar.contract import PRIORITY_NAMES, now_ms
 from sts_harness.hops import hop_latencies
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer
 from sts_harness.result_check import read_results, results_by_id

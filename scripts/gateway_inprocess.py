@@ -40,7 +40,7 @@ from sidecar.event_loop import EVENT_LOOPS
 from sidecar.event_loop import run as run_event_loop
 from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2 as pb
-from sidecar.result_writer import ParquetResultWriter
+from sidecar.result_channels import build_result_channel
 from sidecar.scheduler import Scheduler
 from sidecar.server import tune_gc
 from sidecar.servicer import InferenceServicer
@@ -82,7 +82,7 @@ async def _run(requests: int, batch: int, results_dir: str,
     if trace != "off":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        from sidecar.contract import Tracing
+        from sidecar import Tracing
         from sidecar.tracing import SidecarTracer
 
         os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", "1000000")  # drop no span
@@ -91,7 +91,7 @@ async def _run(requests: int, batch: int, results_dir: str,
             endpoint=endpoint, insecure=True)))
     engine = build_engine(config.engine)
     await engine.start()
-    writer = ParquetResultWriter(config.results, "inprocess")
+    writer = build_result_channel(config.results, "inprocess")
     writer.on_written = tracer.written if tracer is not None else None
     writer.start()
     metrics: SidecarMetrics | None = None

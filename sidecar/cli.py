@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     :class:`~sidecar.exceptions.SidecarError` (the engine failed to start or died, the
     sidecar cannot be reached) as one line with exit code 1.
     """
-    from sidecar.exceptions import ConfigError, SidecarError
+    from sidecar.exceptions import ConfigError, SidecarError, one_line
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sts: {e}", file=sys.stderr)
         return 2
     except SidecarError as e:
-        print(f"sts: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"sts: {one_line(e)}", file=sys.stderr)
         return 1
 
 

@@ -9,7 +9,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.contract import TOKEN_METADATA_KEY, ClientSecurity, Priority, read_pem
+from sidecar.contract import Priority
+from sidecar.credentials import TOKEN_METADATA_KEY, ClientSecurity, read_pem
+from sidecar.exceptions import one_line
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 
@@ -100,7 +102,7 @@ def describe_rpc_error(error: grpc.RpcError, target: str) -> str:
         'the sidecar refused the credentials: wrong bearer token (127.0.0.1:50051)'
     """
     code = error.code() if hasattr(error, "code") else None
-    details = " ".join(str(error.details() if hasattr(error, "details") else error).split())
+    details = one_line(error.details() if hasattr(error, "details") else error)
     if code == grpc.StatusCode.UNAVAILABLE:
         what = f"cannot reach the sidecar: {details}"
     elif code == grpc.StatusCode.UNAUTHENTICATED:
@@ -118,7 +120,7 @@ class SidecarClient:
     Args:
         target: ``host:port`` or ``unix:///path.sock``.
         timeout_s: Deadline of each call.
-        security: TLS files and token source (:class:`~sidecar.contract.ClientSecurity`);
+        security: TLS files and token source (:class:`~sidecar.credentials.ClientSecurity`);
             ``None``: plaintext, no token.
 
     Usage::

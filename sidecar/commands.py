@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sidecar.engines.registry import ENGINE_KINDS
+
 if TYPE_CHECKING:
-    from sidecar.contract import ClientSecurity
+    from sidecar.credentials import ClientSecurity
 
 DEFAULT_CONFIG = Path("conf/sidecar.yaml")
 
@@ -32,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"YAML config (default: {DEFAULT_CONFIG} if it exists)")
     p.add_argument("--listen", help="host:port or unix:///path.sock")
     p.add_argument("--results-dir", help="landing directory for result Parquet files")
-    p.add_argument("--engine", choices=["vllm", "simulated"], help="engine kind")
+    p.add_argument("--engine", choices=ENGINE_KINDS, help="engine kind")
     p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
     p.add_argument("--max-in-flight", type=int, help="most requests inside the engine at once")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
@@ -74,10 +76,10 @@ def _add_client_security_flags(p: argparse.ArgumentParser) -> None:
 
 
 def client_security(args: argparse.Namespace) -> "ClientSecurity":
-    """The :class:`~sidecar.contract.ClientSecurity` the client flags describe."""
+    """The :class:`~sidecar.credentials.ClientSecurity` the client flags describe."""
     import os
 
-    from sidecar.contract import ClientSecurity
+    from sidecar.credentials import ClientSecurity
     from sidecar.exceptions import ConfigError
 
     token_env = args.token_env if args.token_env and (
@@ -118,7 +120,7 @@ def _run_sidecar(args: argparse.Namespace) -> int:
     from sidecar.config import SidecarConfig
     from sidecar.event_loop import loop_factory
     from sidecar.event_loop import run as run_event_loop
-    from sidecar.exceptions import ConfigError
+    from sidecar.exceptions import ConfigError, one_line
     from sidecar.server import serve
 
     path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
@@ -139,12 +141,12 @@ def _run_sidecar(args: argparse.Namespace) -> int:
     try:
         config = config.with_overrides(flags)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{' '.join(str(e).split())} (flags)") from None
+        raise ConfigError(f"{one_line(e)} (flags)") from None
     settings = _parse_pairs(args.settings, "--set")
     try:
         config = config.with_overrides(settings)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{' '.join(str(e).split())} (--set)") from None
+        raise ConfigError(f"{one_line(e)} (--set)") from None
     if args.engine_arg:
         config.engine.engine_args.update(_parse_pairs(args.engine_arg, "--engine-arg"))
     try:

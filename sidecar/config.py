@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from sidecar.contract import PRIORITY_NAMES, as_dataclass, build_sections, read_yaml
-from sidecar.exceptions import ConfigError
+from sidecar.config_files import as_dataclass, build_sections, read_yaml
+from sidecar.contract import PRIORITY_NAMES
+from sidecar.engines.registry import ENGINE_KINDS, EngineKind
 from sidecar.event_loop import EVENT_LOOPS
+from sidecar.exceptions import ConfigError, one_line
+from sidecar.result_channels.registry import RESULT_CHANNEL_KINDS, ResultChannelKind
 
-EngineKind = Literal["vllm", "simulated"]
-ResultChannelKind = Literal["files"]
 DeadlinePolicy = Literal["abort", "finish_and_backfill"]
 
 
@@ -26,7 +27,8 @@ class EngineConfig:
     """Which engine serves generation and how it is started."""
 
     kind: EngineKind = "vllm"
-    """``vllm`` (vLLM ``AsyncLLM`` in process) or ``simulated`` (timing model, load tests only)."""
+    """One of :data:`~sidecar.engines.registry.ENGINE_KINDS`: ``vllm`` (vLLM ``AsyncLLM`` in
+    process) or ``simulated`` (timing model, load tests only)."""
 
     model: str | None = None
     """Path of the model folder. ``None`` means the prepared SmolLM2 (``sts model prepare``)."""
@@ -43,11 +45,9 @@ class EngineConfig:
     simulated: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for :class:`sidecar.engines.simulated.SimulatedEngineConfig`."""
 
-    KINDS: ClassVar[tuple[str, ...]] = ("vllm", "simulated")
-
     def __post_init__(self) -> None:
-        if self.kind not in self.KINDS:
-            raise ValueError(f"{self.kind=} must be one of {self.KINDS}")
+        if self.kind not in ENGINE_KINDS:
+            raise ValueError(f"{self.kind=} must be one of {ENGINE_KINDS}")
 
 
 @dataclass
@@ -257,28 +257,149 @@ class SchedulerConfig:
 
 
 @dataclass
-class ResultChannelConfig:
-    """Where terminal results go."""
+class KafkaChannelConfig:
+    """The ``kafka`` result channel: one record per result row, on a topic per priority.
 
-    kind: ResultChannelKind = "files"
-    """``files``: Parquet files appended atomically to ``results_dir``."""
+    The producer is idempotent (``enable.idempotence``, ``acks=all``) and never gives up
+    on a row because the brokers are away (``message.timeout.ms=0``: librdkafka retries
+    until they are back); the buffer of rows not yet acknowledged is bounded by
+    ``max_buffered`` instead, and admission refuses new requests (``results_backlog``)
+    before their rows would not fit.
+    """
 
-    results_dir: str = "./sts-results"
-    """Landing directory read by Spark's file source."""
+    bootstrap_servers: str | None = None
+    """``host:port[,host:port...]`` of the brokers (shortcut for
+    ``producer["bootstrap.servers"]``; one of the two is required)."""
 
-    flush_interval_s: float = 0.2
-    """Pending results are written at least this often (seconds)."""
+    topic_template: str = "llm.result.{priority}"
+    """Topic of a row whose request has no ``callback_topic``: ``{priority}`` becomes the
+    request's priority (``high``, ``normal``, ``low``; ``normal`` for a row without a
+    known priority, e.g. a request rejected for its priority)."""
 
-    max_rows_per_file: int = 10_000
-    """A file is written as soon as this many results are pending."""
+    max_buffered: int = 100_000
+    """Most rows handed to the producer and not yet acknowledged by the brokers
+    (librdkafka's ``queue.buffering.max.messages``). Admission counts the rows queued
+    and running requests will still write against it."""
+
+    refusal_reserve: int | None = None
+    """Rows of ``max_buffered`` kept for the result rows of ``results_backlog``
+    refusals (``None``: a tenth of ``max_buffered``); once those are used up too, a
+    refusal is answered in its ack alone."""
+
+    producer: dict[str, Any] = field(default_factory=dict)
+    """Further confluent-kafka producer settings, passed through as they are
+    (``security.protocol``, ``sasl.*``, ``ssl.*``, ``linger.ms``, ``compression.type``,
+    ``message.timeout.ms``, ...). The ones the channel's guarantees rest on
+    (:attr:`FIXED`) cannot be changed."""
+
+    FIXED: ClassVar[dict[str, Any]] = {"enable.idempotence": True, "acks": "all"}
+    """Producer settings the channel always uses: no duplicate and no reordering on
+    retries, and a row counts as delivered only once every in-sync replica has it."""
 
     def __post_init__(self) -> None:
-        if self.kind != "files":
-            raise ValueError(f"{self.kind=} must be 'files'")
+        if not isinstance(self.producer, dict) or not all(isinstance(k, str)
+                                                          for k in self.producer):
+            raise ValueError(f"results.kafka.producer={self.producer!r} must be a mapping "
+                             "of confluent-kafka settings")
+        for key, value in self.FIXED.items():
+            if key in self.producer and str(self.producer[key]).lower() not in (
+                    str(value).lower(), "-1" if key == "acks" else ""):
+                raise ValueError(f"results.kafka.producer[{key!r}]={self.producer[key]!r}: "
+                                 f"the result channel always uses {key}={value}")
+        for key in ("queue.buffering.max.messages", "on_delivery", "error_cb"):
+            if key in self.producer:
+                raise ValueError(f"results.kafka.producer[{key!r}] is set by the channel "
+                                 "(use results.kafka.max_buffered for the buffer)")
+        given = self.producer.get("bootstrap.servers")
+        if self.bootstrap_servers is not None and not (
+                isinstance(self.bootstrap_servers, str) and self.bootstrap_servers.strip()):
+            raise ValueError(f"results.kafka.{self.bootstrap_servers=} must be host:port[,...]")
+        if given is not None and self.bootstrap_servers and given != self.bootstrap_servers:
+            raise ValueError(f"results.kafka.bootstrap_servers={self.bootstrap_servers!r} and "
+                             f"results.kafka.producer['bootstrap.servers']={given!r} differ")
+        if not isinstance(self.topic_template, str) or not self.topic_template.strip():
+            raise ValueError(f"results.kafka.{self.topic_template=} must be a topic name")
+        try:
+            self.topic_template.format(priority="normal")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"results.kafka.{self.topic_template=} may only use "
+                             f"{{priority}} ({e})") from None
+        for name in ("max_buffered", "refusal_reserve"):
+            value = getattr(self, name)
+            if value is None and name == "refusal_reserve":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"results.kafka.{name}={value!r} must be a positive integer")
+        if self.reserve() >= self.max_buffered:
+            raise ValueError(f"results.kafka.refusal_reserve={self.refusal_reserve} must be "
+                             f"less than max_buffered={self.max_buffered}")
+
+    def reserve(self) -> int:
+        """The rows kept for refusal rows (:attr:`refusal_reserve` or its default).
+
+        Example:
+            >>> KafkaChannelConfig().reserve(), KafkaChannelConfig(refusal_reserve=50).reserve()
+            (10000, 50)
+        """
+        if self.refusal_reserve is not None:
+            return self.refusal_reserve
+        return max(1, self.max_buffered // 10) if self.max_buffered > 1 else 0
+
+    def bootstrap(self) -> str | None:
+        """The brokers to connect to (``bootstrap_servers`` or the producer's own)."""
+        return self.bootstrap_servers or self.producer.get("bootstrap.servers") or None
+
+    def producer_settings(self) -> dict[str, Any]:
+        """The confluent-kafka producer configuration (without callbacks).
+
+        Example:
+            >>> cfg = KafkaChannelConfig(bootstrap_servers="127.0.0.1:9092", max_buffered=500)
+            >>> s = cfg.producer_settings()
+            >>> s["bootstrap.servers"], s["enable.idempotence"], s["message.timeout.ms"]
+            ('127.0.0.1:9092', True, 0)
+            >>> s["queue.buffering.max.messages"]
+            500
+        """
+        settings: dict[str, Any] = {"message.timeout.ms": 0, **self.producer, **self.FIXED,
+                                    "queue.buffering.max.messages": self.max_buffered}
+        if bootstrap := self.bootstrap():
+            settings["bootstrap.servers"] = bootstrap
+        return settings
+
+
+@dataclass
+class ResultChannelConfig:
+    """Where result rows go."""
+
+    kind: ResultChannelKind = "files"
+    """One of :data:`~sidecar.result_channels.registry.RESULT_CHANNEL_KINDS`. ``files``:
+    Parquet files appended atomically to ``results_dir``; ``kafka``: records on a topic
+    per priority (the ``kafka`` section; needs ``pip install 'sts-spark[kafka]'``)."""
+
+    results_dir: str = "./sts-results"
+    """Landing directory read by Spark's file source (``files``)."""
+
+    flush_interval_s: float = 0.2
+    """Pending results are written (``files``) or handed to the producer (``kafka``) at
+    least this often (seconds)."""
+
+    max_rows_per_file: int = 10_000
+    """A file is written as soon as this many results are pending (``files``)."""
+
+    kafka: KafkaChannelConfig = field(default_factory=KafkaChannelConfig)
+    """The ``kafka`` channel's brokers, topics, buffer and producer settings."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in RESULT_CHANNEL_KINDS:
+            raise ValueError(f"{self.kind=} must be one of {RESULT_CHANNEL_KINDS}")
         if not 0 < self.flush_interval_s <= 0.2:
             raise ValueError(f"{self.flush_interval_s=} must be in (0, 0.2]")
         if self.max_rows_per_file < 1:
             raise ValueError(f"{self.max_rows_per_file=} must be >= 1")
+        self.kafka = as_dataclass(KafkaChannelConfig, self.kafka, "results.kafka")
+        if self.kind == "kafka" and not self.kafka.bootstrap():
+            raise ValueError("results.kind=kafka needs results.kafka.bootstrap_servers (or "
+                             "results.kafka.producer['bootstrap.servers'])")
 
 
 @dataclass
@@ -470,10 +591,25 @@ class SidecarConfig:
     results: ResultChannelConfig = field(default_factory=ResultChannelConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
+    FREE_FORM: ClassVar[frozenset[str]] = frozenset(
+        {"engine.engine_args", "engine.simulated", "results.kafka.producer"})
+    """Mappings that take keys of their own (handed to vLLM, the simulated engine and
+    confluent-kafka); every other mapping is a section with fixed keys."""
+
+    @classmethod
+    def sections(cls) -> dict[str, type]:
+        """Section name -> its dataclass, from the fields above (listed once).
+
+        Example:
+            >>> list(SidecarConfig.sections())
+            ['server', 'engine', 'scheduler', 'results', 'warmup']
+        """
+        return {f.name: f.default_factory for f in dataclasses.fields(cls)}  # type: ignore[misc]
+
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SidecarConfig":
         """Build from a nested mapping (as read from YAML); unknown keys are errors."""
-        return cls(**build_sections(_SECTION_TYPES, data, what="sidecar config"))
+        return cls(**build_sections(cls.sections(), data, what="sidecar config"))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "SidecarConfig":
@@ -499,37 +635,43 @@ class SidecarConfig:
     def with_overrides(self, overrides: dict[str, Any]) -> "SidecarConfig":
         """Return a copy with dotted keys replaced (``{"server.listen": "...",
         "scheduler.pools.low.max_queued": 100}``); ``None`` values are ignored so
-        unset CLI flags keep the file's value."""
+        unset CLI flags keep the file's value. A key of a free-form mapping may hold
+        dots itself (``results.kafka.producer.security.protocol``)."""
         data = dataclasses.asdict(self)
         for dotted, value in overrides.items():
             if value is None:
                 continue
-            *parents, key = dotted.split(".")
+            *parents, key = _split_key(dotted, self.FREE_FORM)
             node = data
             for part in parents:
                 if not isinstance(node, dict) or part not in node:
                     raise ValueError(f"unknown config key {dotted!r}")
                 node = node[part]
-            # Free-form mappings (engine_args, simulated) take new keys; sections do not.
-            free_form = parents[-1:] in (["engine_args"], ["simulated"])
+            # Free-form mappings (engine_args, simulated, producer) take new keys;
+            # sections do not.
+            free_form = ".".join(parents) in self.FREE_FORM
             if not parents or not isinstance(node, dict) or (key not in node and not free_form):
                 raise ValueError(f"unknown config key {dotted!r}")
             node[key] = value
         return SidecarConfig.from_dict(data)
 
 
-_SECTION_TYPES: dict[str, type] = {
-    "server": ServerConfig,
-    "engine": EngineConfig,
-    "scheduler": SchedulerConfig,
-    "results": ResultChannelConfig,
-    "warmup": WarmupConfig,
-}
+def _split_key(dotted: str, free_form: frozenset[str]) -> list[str]:
+    """The parts of a dotted config key; the key inside a free-form mapping stays whole.
+
+    Example:
+        >>> _split_key("results.kafka.producer.security.protocol", frozenset({"results.kafka.producer"}))
+        ['results', 'kafka', 'producer', 'security.protocol']
+    """
+    for prefix in free_form:
+        if dotted.startswith(prefix + ".") and len(dotted) > len(prefix) + 1:
+            return [*prefix.split("."), dotted[len(prefix) + 1:]]
+    return dotted.split(".")
 
 
 def _with_where(error: Exception, where: str) -> str:
     """``error`` as one line ending ``(<where>)`` (unless it names a place already)."""
-    text = " ".join(str(error).split())
+    text = one_line(error)
     return text if text.endswith(")") and where in text else f"{text} ({where})"
 
 

@@ -1,4 +1,5 @@
-"""Errors raised by the sidecar. Each docstring says whether it is recoverable."""
+"""Errors raised by the sidecar (each docstring says whether it is recoverable), and
+the one-line form every error message takes."""
 
 
 class SidecarError(Exception):
@@ -25,3 +26,14 @@ class ConfigError(SidecarError, ValueError):
 class SidecarUnreachableError(SidecarError):
     """A client could not get an answer from the sidecar (not running, wrong address,
     refused credentials). Recoverable: try again once it serves."""
+
+
+def one_line(error: BaseException | str) -> str:
+    """The text of ``error`` on one line: runs of whitespace (newlines included) become
+    one space, as every ``sts: <what> (<where>)`` message wants it.
+
+    Example:
+        >>> one_line(ValueError("bad value\\n  in section 'server'"))
+        "bad value in section 'server'"
+    """
+    return " ".join(str(error).split())

@@ -1,20 +1,20 @@
-"""Admission against load: pool limits, load-shedding watermarks, queue delay, deadlines.
+"""The load model: queue waits, engine slots, batch sizes and deadlines over the pools.
 
-:class:`LoadControl` reads the pools and the service-rate estimate and decides,
-for one request, whether it can be admitted (:meth:`LoadControl.check`), whether a
-queued one should still start (:meth:`LoadControl.infeasible_now`) and which
-queued requests a crossed watermark sheds (:meth:`LoadControl.watermark_victims`),
-which running requests a higher-priority one may preempt (:meth:`LoadControl.victims`)
-and in how small a batch a request must run to meet its deadline
-(:meth:`LoadControl.fit_batch`). It changes nothing itself: the :class:`~sidecar.scheduler.Scheduler` acts on its
-answers. The order of the checks is documented in :mod:`sidecar.scheduler`.
+:class:`LoadControl` reads the pools and the service-rate estimate and answers, for
+one request, how long it would wait (:meth:`LoadControl.estimate_wait_s`) and in how
+small a batch it must run to meet its deadline (:meth:`LoadControl.fit_batch`);
+whether a queued one should still start (:meth:`LoadControl.infeasible_now`); which
+queued requests a crossed watermark sheds (:meth:`LoadControl.watermark_victims`) and
+which running requests a higher-priority one may preempt (:meth:`LoadControl.victims`).
+It changes nothing itself: the admission step :mod:`sidecar.admission.load` and the
+:class:`~sidecar.scheduler.Scheduler`'s dispatcher act on its answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from sidecar.admission import Refusal
+from sidecar.admission.refusal import Refusal
 from sidecar.config import SchedulerConfig
 from sidecar.contract import Priority, RefusalReason, now_ms
 from sidecar.estimator import ServiceRateEstimator
@@ -42,9 +42,10 @@ class LoadControl:
         marks = config.load_shedding.queue_depth
         self._lowest_queue_mark = min((marks[name] for name in ("low", "normal") if name in marks),
                                       default=None)
-        self.last_wait_s = 0.0
-        """The wait estimated by the last :meth:`check` that got that far (logged
-        against the actual wait when the request starts)."""
+
+    def in_flight(self) -> int:
+        """Requests inside the engine now (all pools, late work included)."""
+        return self._in_flight()
 
     def total_queued(self) -> int:
         """Requests waiting in all pools."""
@@ -179,52 +180,6 @@ class LoadControl:
             if fits(batch):
                 return batch
         return None
-
-    def over_watermark(self, priority: Priority) -> str | None:
-        """Why ``priority`` is being shed right now, or ``None``."""
-        marks = self.config.load_shedding
-        name = str(priority)
-        depth = marks.queue_depth.get(name)
-        if depth is not None and self.total_queued() >= depth:
-            return f"{self.total_queued()} requests queued (watermark for {name}: {depth})"
-        tokens = marks.tokens_in_flight.get(name)
-        if tokens is not None and self.total_tokens_in_flight() >= tokens:
-            return (f"{self.total_tokens_in_flight()} tokens in the engine "
-                    f"(watermark for {name}: {tokens})")
-        return None
-
-    def check(self, req: SidecarRequest) -> Refusal | None:
-        """Admission against pool limits, watermarks, queue delay and the deadline."""
-        assert req.priority is not None
-        pool = self.pools[req.priority]
-        if pool.queued >= pool.config.max_queued:
-            return Refusal(RefusalReason.QUEUE_FULL,
-                           f"{pool.queued} requests already queued in pool {req.priority} "
-                           f"(max_queued {pool.config.max_queued})")
-        if req.priority is not Priority.HIGH and (why := self.over_watermark(req.priority)):
-            return Refusal(RefusalReason.OVERLOADED, f"load shedding: {why}")
-        wait_s = self.last_wait_s = self.estimate_wait_s(req)
-        if wait_s * 1000.0 > pool.config.max_queue_delay_ms:
-            return Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
-                           f"estimated queue wait {wait_s * 1000:.0f} ms exceeds pool "
-                           f"{req.priority}'s max_queue_delay_ms {pool.config.max_queue_delay_ms}")
-        if self.config.deadline_admission and self.estimator.warm:
-            if self.fit_batch(req, wait_s) is None and not self._fits_with_preemption(req):
-                service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
-                                                     batch=min(self._in_flight() + 1,
-                                                               self.config.max_in_flight))
-                done_ms = now_ms() + self.config.deadline_slack * (wait_s + service_s) * 1000.0
-                return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
-                               f"estimated completion in {done_ms - now_ms():.0f} ms (wait "
-                               f"{wait_s * 1000:.0f} ms + service {service_s * 1000:.0f} ms) is "
-                               f"after the deadline, {req.deadline_ts - now_ms()} ms away")
-        return None
-
-    def _fits_with_preemption(self, req: SidecarRequest) -> bool:
-        """Whether preempting lower work (for a priority that preempts only when its
-        deadline is at risk) would let ``req`` finish in time."""
-        pre = self.preempt_wait_s(req)
-        return pre is not None and self.fit_batch(req, pre) is not None
 
     def over_any_queue_watermark(self) -> bool:
         """Whether the total queue depth is over the ``low`` or ``normal`` watermark (a

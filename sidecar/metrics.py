@@ -12,7 +12,8 @@ on the global one; keeping ours apart keeps the endpoint small and lint-clean):
 * **Live figures** read from :meth:`Scheduler.stats` at scrape time: queue
   depth, in-flight requests and tokens per pool, estimated queue wait, engine
   output tokens/s, KV-cache usage and prefix-cache hit ratio, submitted,
-  accepted and duplicate (dedupe hit) counts, late work running and aborted.
+  accepted and duplicate (dedupe hit) counts, late work running and aborted, and
+  the result channel's rows produced, delivered, failed and buffered.
 
 Names follow Prometheus conventions: ``sts_sidecar_`` prefix, base units
 (seconds, ratios 0..1), ``_total`` on counters.
@@ -36,6 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.contract import PRIORITY_NAMES, RefusalReason, Status
 from sidecar.request_state import ResultRecord
+from sidecar.result_channels import ResultChannelStats
 
 _PREFIX = "sts_sidecar"
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 15.0, 30.0, 60.0, 120.0)
@@ -129,6 +131,35 @@ class _LiveCollector(Collector):
                 if (value := summary.get(stat)) is not None:
                     err.add_metric([str(priority), stat], float(value))
         yield err
+        if s.result_channel is not None:
+            yield from _result_channel_families(s.result_channel)
+
+
+def _result_channel_families(c: ResultChannelStats) -> Iterator[Metric]:
+    """``sts_sidecar_result_channel_*``: rows produced, delivered and failed, rows
+    buffered (produced, not delivered yet) and whether the destination answers."""
+    counters = {
+        "produced": ("Result rows handed to the result channel.", c.produced),
+        "delivered": ("Result rows readers can see: in a visible file, or acknowledged by "
+                      "the Kafka brokers.", c.delivered),
+        "delivery_errors": ("Failed deliveries: file writes that failed (retried), Kafka "
+                            "deliveries that failed for good.", c.delivery_errors),
+    }
+    for name, (doc, value) in counters.items():
+        family = CounterMetricFamily(f"{_PREFIX}_result_channel_{name}", doc, labels=["kind"])
+        family.add_metric([c.kind], float(value))
+        yield family
+    gauge = GaugeMetricFamily(f"{_PREFIX}_result_channel_buffered",
+                              "Result rows produced and not delivered yet (Kafka: not "
+                              "acknowledged by the brokers).", labels=["kind"])
+    gauge.add_metric([c.kind], float(c.buffered))
+    yield gauge
+    if c.up is not None:
+        up = GaugeMetricFamily(f"{_PREFIX}_result_channel_up",
+                               "1 while the result channel's destination answers (the Kafka "
+                               "brokers), 0 while it does not.", labels=["kind"])
+        up.add_metric([c.kind], float(c.up))
+        yield up
 
 
 class _Series:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import shutil
 from pathlib import Path
 
+from sidecar.atomic_files import write_folder_atomically
 from sidecar.config import default_cache_dir
 from sidecar.exceptions import ModelPreparationError
 
@@ -81,10 +81,7 @@ def prepare_default_model(cache_dir: Path | None = None, *, force: bool = False)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    def convert(tmp: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
@@ -98,11 +95,12 @@ def prepare_default_model(cache_dir: Path | None = None, *, force: bool = False)
         tokenizer.save_pretrained(tmp)
         _drop_gguf_quantization(tmp / "config.json")
         (tmp / _MARKER).write_text(gguf_path.name + "\n", encoding="utf-8")
+
+    try:
+        # Replaces an empty folder or an earlier conversion (checked above: marker).
+        write_folder_atomically(target, convert, replace=True)
     except Exception as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise ModelPreparationError(f"converting {gguf_path} failed: {e}") from e
-    shutil.rmtree(target, ignore_errors=True)  # empty, or an earlier conversion (marker)
-    tmp.rename(target)
     return target
 
 

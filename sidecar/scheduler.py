@@ -1,21 +1,11 @@
-"""Admission, priority pools, load shedding, dispatch into the engine and deadline aborts.
+"""Priority pools, dispatch into the engine, deadline aborts and the one terminal row.
 
 One :class:`Scheduler` per sidecar. :meth:`Scheduler.submit_batch` runs in the
-gRPC handler: it validates, de-duplicates and admits or refuses each request
-and returns one :class:`Ack` per request at once; it never waits for generation.
-
-Admission, in order (first refusal wins; none of them does engine work; steps 2-5 are
-:class:`~sidecar.load_control.LoadControl`):
-
-1. static checks and the tokenized prompt (``rejected``);
-2. the request's pool is full (``shed``/``queue_full``);
-3. load shedding: the total queue depth or the tokens in the engine reached the
-   watermark of its priority (``shed``/``overloaded``; never ``high``);
-4. the pool's estimated queue wait is over its ``max_queue_delay_ms``
-   (``shed``/``queue_delay_exceeded``);
-5. the estimated completion (queue wait + service, from
-   :class:`~sidecar.estimator.ServiceRateEstimator`) is after ``deadline_ts``
-   (``shed``/``deadline_infeasible``).
+gRPC handler and hands the batch to the admission pipeline
+(:class:`~sidecar.admission.Admission`: validate, dedupe, gate, load), which answers
+one :class:`~sidecar.admission.Ack` per request at once and hands each accepted request
+back to :meth:`Scheduler._enqueue`; it never waits for generation. What happens after
+that is here.
 
 Once queued, a request is shed when it has waited ``max_queue_delay_ms``, when
 a higher-priority arrival pushes the queue past its priority's watermark
@@ -37,7 +27,9 @@ smaller batch (per-sequence decode speed falls as the batch grows), lower work i
 preempted and held back while it runs (:meth:`LoadControl.fit_batch`).
 
 Every request with a ``request_id`` ends in exactly one terminal result, written
-through :meth:`_finish`, which ignores a second finish of the same request.
+through :meth:`_finish`, which ignores a second finish of the same request (the one
+exception: a refusal while the result channel has no room left even for refusal rows
+is answered by its ack alone, see :mod:`sidecar.admission.gate`).
 
 At the deadline of a running request its pool's ``on_deadline`` decides. ``abort``:
 the request is aborted in the engine and ends ``timeout``. ``finish_and_backfill``:
@@ -57,12 +49,12 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sidecar.admission import Ack, Refusal, check_prompt_tokens, check_static
+from sidecar.admission import Ack, Admission, Gate, Refusal
 from sidecar.config import SchedulerConfig
 from sidecar.contract import FinishReason, Priority, RefusalReason, Status, now_ms
-from sidecar.dedupe import DedupeWindow
 from sidecar.engines import Engine, EngineRequest
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
@@ -73,9 +65,26 @@ from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
 from sidecar.timers import DeadlineTimers, TimerEntry
 
 if TYPE_CHECKING:
+    from sidecar.result_channels import ResultChannel
     from sidecar.tracing import SidecarTracer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Run:
+    """One run of a request in the engine: its outcome so far and its timings
+    (``time.monotonic()``; areas are :meth:`Scheduler._batch_area` readings)."""
+
+    started: float
+    area_at_start: float
+    status: RequestStatus = RequestStatus.FINISHED_ERROR
+    finish_reason: FinishReason = FinishReason.ERROR
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    area_at_first: float = 0.0
+    preempted: bool = False
+    """Cancelled for a preemption: it goes back to its queue, no row."""
 
 
 def _uncancel_current() -> int:
@@ -92,10 +101,13 @@ class Scheduler:
         config: Limits.
         sidecar_id: Written into every result.
         log_requests: Log each admission and finish.
+        results: The result channel behind ``emit``, when admission should check that
+            it has room for each request's row (a bounded channel: Kafka).
     """
 
     def __init__(self, engine: Engine, emit: Callable[[ResultRecord], None],
-                 config: SchedulerConfig, sidecar_id: str, *, log_requests: bool = False) -> None:
+                 config: SchedulerConfig, sidecar_id: str, *, log_requests: bool = False,
+                 results: ResultChannel | None = None) -> None:
         self.engine = engine
         if engine.batches > 1 and config.preemption.shrink_batch:
             logger.warning("The engine decodes %d independent batches; the batch-size lever "
@@ -124,7 +136,6 @@ class Scheduler:
         self._expiring: set[str] = set()
         """Running requests cancelled at their deadline (``abort`` pools) whose task has
         not ended yet."""
-        self._seen = DedupeWindow(config.dedupe_window, self._fallback_text)
         self._preemptions: dict[str, int] = {}
         """Times each request still alive was preempted."""
         self._preempting: set[str] = set()
@@ -150,8 +161,15 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self.tracer: SidecarTracer | None = None
         """Notes dispatch times of traced requests (``None``: tracing off)."""
+        self.results = results
+        gate = Gate(engine, engine_error=lambda: self.engine_error,
+                    draining=lambda: self.draining, engine_failed=self.engine_failed,
+                    results=results, outstanding=self._outstanding)
+        self.admission = Admission(config, engine=engine, gate=gate, load=self.load,
+                                   counters=self.counters, fallback_text=self._fallback_text,
+                                   shed=self._shed, enqueue=self._enqueue)
 
-    # ------------------------------------------------------------------ admission
+    # ------------------------------------------------------------------ start and intake
 
     def start(self) -> None:
         """Start the dispatch loop (inside the event loop)."""
@@ -168,56 +186,13 @@ class Scheduler:
                 self.engine_failed(why)
 
     def submit_batch(self, requests: list[SidecarRequest]) -> list[Ack]:
-        """Admit or refuse each request; one ack each, in order. Never waits."""
-        now = now_ms()
-        acks: list[Ack | None] = [None] * len(requests)
-        to_encode: list[int] = []
-        model_names = frozenset({self.engine.model_name})  # the one model served
-        batch_ids: set[str] = set()
-        repeats_in_batch: list[int] = []
-        if self.engine_error is None and (why := self.engine.failure()) is not None:
-            self.engine_failed(why)
-        self.counters.submitted += len(requests)
-        model_name = self.engine.model_name
-        for i, req in enumerate(requests):
-            req.received_ts = now
-            if not req.request_id:
-                self.counters.refused(RefusalReason.MISSING_REQUEST_ID)
-                acks[i] = Ack("", False, RefusalReason.MISSING_REQUEST_ID,
-                              "request_id is required", received_ts=now,
-                              fallback_text=self._fallback_text(req.priority))
-                continue
-            if req.request_id in self._seen or req.request_id in batch_ids:
-                self.counters.duplicates += 1
-                repeats_in_batch.append(i)
-                continue
-            batch_ids.add(req.request_id)
-            req.model = req.model or model_name
-            if self.engine_error is not None:
-                acks[i] = self._refuse(req, Refusal(RefusalReason.ENGINE_UNAVAILABLE,
-                                                    f"engine unavailable: {self.engine_error}"))
-                continue
-            if self.draining:
-                acks[i] = self._refuse(req, Refusal(RefusalReason.DRAINING,
-                                                    "sidecar is shutting down"))
-                continue
-            if refusal := check_static(req, self.config, model_names=model_names, now_ms=now):
-                acks[i] = self._refuse(req, refusal)
-                continue
-            to_encode.append(i)
-        if to_encode:
-            encoded = self.engine.encode_prompt([requests[i].prompt for i in to_encode])
-            max_len = getattr(self.engine, "max_model_len", 1 << 30)
-            for i, ids in zip(to_encode, encoded):
-                req = requests[i]
-                req.prompt_token_ids = ids
-                refusal = (check_prompt_tokens(req, self.config, max_model_len=max_len)
-                           or self.load.check(req))
-                acks[i] = self._refuse(req, refusal) if refusal else self._enqueue(req)
-        # A replay repeats the first copy's decision (made above if it was in this batch).
-        for i in repeats_in_batch:
-            acks[i] = self._seen.replay(requests[i].request_id, now)
-        return [a for a in acks if a is not None]
+        """Admit or refuse each request; one ack each, in order. Never waits (see
+        :class:`~sidecar.admission.Admission`)."""
+        return self.admission.submit_batch(requests)
+
+    def _outstanding(self) -> int:
+        """Rows that queued and running requests (late work included) will still write."""
+        return self.load.total_queued() + self._in_flight_total
 
     async def generate(self, req: SidecarRequest) -> ResultRecord | Ack:
         """Admit one request and wait for its terminal result (the blocking baseline
@@ -271,13 +246,9 @@ class Scheduler:
         self._finish(req, RequestStatus.refused(refusal.reason),
                      FinishReason.SHED if shed else FinishReason.REJECTED)
 
-    def _refuse(self, req: SidecarRequest, refusal: Refusal) -> Ack:
-        self._shed(req, refusal)
-        return self._seen.remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
-                                       received_ts=req.received_ts,
-                                       fallback_text=req.fallback_text), req.priority)
-
-    def _enqueue(self, req: SidecarRequest) -> Ack:
+    def _enqueue(self, req: SidecarRequest, estimated_wait_s: float) -> None:
+        """An admitted request joins its pool's queue (the admission pipeline's last
+        step); ``estimated_wait_s`` is logged against its actual wait."""
         assert req.priority is not None
         pool = self.pools[req.priority]
         self.counters.accepted += 1
@@ -291,11 +262,8 @@ class Scheduler:
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        ack = self._seen.remember(Ack(req.request_id, True, None, "", False, req.received_ts),
-                                  req.priority)
-        self._wait_estimates[req.request_id] = (self.load.last_wait_s, time.monotonic())
+        self._wait_estimates[req.request_id] = (estimated_wait_s, time.monotonic())
         self._shed_over_watermarks()
-        return ack
 
     def _leave_queue(self, req: SidecarRequest) -> None:
         """Bookkeeping of a request that stops being queued (the deque drops it lazily)."""
@@ -511,57 +479,21 @@ class Scheduler:
         self._wait_estimates.pop(req.request_id, None)
 
     async def _serve(self, req: SidecarRequest) -> None:
+        """The serving task of a running request: consume the engine's stream under the
+        request's deadline, then end the run (:meth:`_served`)."""
         assert req.priority is not None
-        rid = req.request_id
         pool = self.pools[req.priority]
-        if running := pool.running.get(rid):
+        if running := pool.running.get(req.request_id):
             running.live = True
-        engine_req = EngineRequest(rid, req.prompt_token_ids, req.max_tokens, req.temperature,
-                                   req.seed, int(req.priority))
-        remaining_s = (req.deadline_ts - now_ms()) / 1000.0
         deadline_timer = self._timers.call_later(
-            remaining_s, self._deadline_passed_running
+            (req.deadline_ts - now_ms()) / 1000.0, self._deadline_passed_running
             if pool.config.on_deadline == "finish_and_backfill" else self._deadline_abort, req)
-        status, finish_reason = RequestStatus.FINISHED_ERROR, FinishReason.ERROR
         started = time.monotonic()
-        area_at_start = self._batch_area(started)
-        first_token_at = last_token_at = None
-        area_at_first = 0.0
-        preempted = False
+        run = _Run(started, self._batch_area(started))
         try:
-            async for progress in self.engine.generate(engine_req):
-                if progress.output_tokens > req.output_tokens:
-                    last_token_at = time.monotonic()
-                    if first_token_at is None:
-                        first_token_at = last_token_at
-                        area_at_first = self._batch_area(last_token_at)
-                        req.first_token_ts = now_ms()
-                req.text = progress.text
-                req.output_tokens = progress.output_tokens
-                if progress.cached_tokens > req.cached_tokens:
-                    req.cached_tokens = progress.cached_tokens
-                if progress.finished:
-                    finish_reason = progress.finish_reason or FinishReason.STOP
-                    status = (RequestStatus.FINISHED_LENGTH
-                              if finish_reason is FinishReason.LENGTH
-                              else RequestStatus.FINISHED_OK)
-            if status is RequestStatus.FINISHED_ERROR:
-                req.error = "engine stream ended without a final output"
+            await self._generate(req, run)
         except asyncio.CancelledError:
-            if rid in self._preempting and status is RequestStatus.FINISHED_ERROR:
-                preempted = True  # requeued below; the cancel was ours
-            elif self.engine_error is not None:
-                # engine_failed cancelled it: one error row, not an abort.
-                req.error = f"engine died: {self.engine_error}"
-                if _uncancel_current() > 0:
-                    raise  # cancelled by someone else too (shutdown)
-            elif rid in self._expiring and _uncancel_current() == 0:
-                # Our deadline cancel and nobody else's (asyncio.timeout's rule).
-                status, finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
-                req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
-            else:
-                status, finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
-                req.error = req.error or "aborted by sidecar shutdown"
+            if self._cancelled(req, run):
                 raise
         except EngineDeadError as e:
             req.error = f"engine died: {e}"
@@ -572,42 +504,97 @@ class Scheduler:
             logger.exception("Request %s failed in the engine.", req.request_id)
         finally:
             self._timers.cancel(deadline_timer)
-            area_at_last = self._batch_area()
-            late = self._late.pop(rid, None) if self._late else None
-            if not req.late:  # late work left its pool at the deadline
-                pool.stopped(req)
-            if not req.late or late is not None:  # _abort_late freed the slot already
-                self._in_flight_total -= 1
-            self._tasks.pop(rid, None)
-            self._preempting.discard(rid)
-            self._expiring.discard(rid)
-            if preempted:
-                self._requeue(req)
-            else:
-                self.counters.prompt_tokens_total += req.prompt_tokens
-                self.counters.cached_tokens_total += req.cached_tokens
-            if first_token_at is not None and not preempted:
-                completed = (status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
-                             and not req.late)  # to the estimator, late work was aborted
-                tpot = ((last_token_at - first_token_at) / (req.output_tokens - 1)
-                        if last_token_at is not None and req.output_tokens > 1 else None)
-                self.estimator.observe_finish(
-                    req.priority, ttft_s=first_token_at - started, tpot_s=tpot,
-                    output_tokens=req.output_tokens if completed else 0,
-                    max_tokens=req.max_tokens,
-                    ttft_batch=self._mean_batch(area_at_start, area_at_first,
-                                                first_token_at - started),
-                    batch=self._mean_batch(area_at_first, area_at_last,
-                                           last_token_at - first_token_at
-                                           if last_token_at is not None else 0.0))
-            if preempted:
-                pass
-            elif not req.late:
-                self._finish(req, status, finish_reason)
+            self._served(req, pool, run)
+
+    async def _generate(self, req: SidecarRequest, run: _Run) -> None:
+        """Consume the engine's stream of ``req``: text and tokens into ``req``, the
+        outcome and token times into ``run``."""
+        assert req.priority is not None
+        engine_req = EngineRequest(req.request_id, req.prompt_token_ids, req.max_tokens,
+                                   req.temperature, req.seed, int(req.priority))
+        async for progress in self.engine.generate(engine_req):
+            if progress.output_tokens > req.output_tokens:
+                run.last_token_at = time.monotonic()
+                if run.first_token_at is None:
+                    run.first_token_at = run.last_token_at
+                    run.area_at_first = self._batch_area(run.last_token_at)
+                    req.first_token_ts = now_ms()
+            req.text = progress.text
+            req.output_tokens = progress.output_tokens
+            if progress.cached_tokens > req.cached_tokens:
+                req.cached_tokens = progress.cached_tokens
+            if progress.finished:
+                run.finish_reason = progress.finish_reason or FinishReason.STOP
+                run.status = (RequestStatus.FINISHED_LENGTH
+                              if run.finish_reason is FinishReason.LENGTH
+                              else RequestStatus.FINISHED_OK)
+        if run.status is RequestStatus.FINISHED_ERROR:
+            req.error = "engine stream ended without a final output"
+
+    def _cancelled(self, req: SidecarRequest, run: _Run) -> bool:
+        """Record why the serving task of ``req`` was cancelled: a preemption (it goes
+        back to its queue), the engine's death (an error row), its deadline (``timeout``)
+        or a shutdown (``abort``). Returns whether the cancel must propagate (it was
+        someone else's too)."""
+        rid = req.request_id
+        if rid in self._preempting and run.status is RequestStatus.FINISHED_ERROR:
+            run.preempted = True  # requeued by _served; the cancel was ours
+            return False
+        if self.engine_error is not None:
+            # engine_failed cancelled it: one error row, not an abort.
+            req.error = f"engine died: {self.engine_error}"
+            return _uncancel_current() > 0  # cancelled by someone else too (shutdown)
+        if rid in self._expiring and _uncancel_current() == 0:
+            # Our deadline cancel and nobody else's (asyncio.timeout's rule).
+            run.status, run.finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
+            req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
+            return False
+        run.status, run.finish_reason = RequestStatus.FINISHED_ABORTED, FinishReason.ABORT
+        req.error = req.error or "aborted by sidecar shutdown"
+        return True
+
+    def _served(self, req: SidecarRequest, pool: Pool, run: _Run) -> None:
+        """A run left the engine: free its slot, teach the estimator, and end it (its
+        terminal row, its late row, or back to its queue after a preemption)."""
+        rid = req.request_id
+        area_at_last = self._batch_area()
+        late = self._late.pop(rid, None) if self._late else None
+        if not req.late:  # late work left its pool at the deadline
+            pool.stopped(req)
+        if not req.late or late is not None:  # _abort_late freed the slot already
+            self._in_flight_total -= 1
+        self._tasks.pop(rid, None)
+        self._preempting.discard(rid)
+        self._expiring.discard(rid)
+        if run.preempted:
+            self._requeue(req)
+        else:
+            self.counters.prompt_tokens_total += req.prompt_tokens
+            self.counters.cached_tokens_total += req.cached_tokens
+            if run.first_token_at is not None:
+                self._observe_run(req, run, area_at_last)
+            if not req.late:
+                self._finish(req, run.status, run.finish_reason)
             elif late is not None:
-                self._end_late_work(req, status, finish_reason, tokens_counted=late[1])
-            self._wake.set()
-            self._update_idle()
+                self._end_late_work(req, run.status, run.finish_reason, tokens_counted=late[1])
+        self._wake.set()
+        self._update_idle()
+
+    def _observe_run(self, req: SidecarRequest, run: _Run, area_at_last: float) -> None:
+        """Teach the estimator a run's TTFT, TPOT and the batches it ran in."""
+        assert req.priority is not None and run.first_token_at is not None
+        first, last = run.first_token_at, run.last_token_at
+        completed = (run.status in (RequestStatus.FINISHED_OK, RequestStatus.FINISHED_LENGTH)
+                     and not req.late)  # to the estimator, late work was aborted
+        tpot = ((last - first) / (req.output_tokens - 1)
+                if last is not None and req.output_tokens > 1 else None)
+        self.estimator.observe_finish(
+            req.priority, ttft_s=first - run.started, tpot_s=tpot,
+            output_tokens=req.output_tokens if completed else 0, max_tokens=req.max_tokens,
+            ttft_batch=self._mean_batch(run.area_at_start, run.area_at_first,
+                                        first - run.started),
+            batch=self._mean_batch(run.area_at_first, area_at_last,
+                                   last - first if last is not None else 0.0))
 
     def _deadline_abort(self, req: SidecarRequest) -> None:
         """The deadline of a running request of an ``abort`` pool: cancel its serving
@@ -848,4 +835,5 @@ class Scheduler:
             late_in_flight=len(self._late),
             preemptions=c.preemptions,
             wait_error_s=c.wait_error_summary(),
+            result_channel=self.results.stats() if self.results is not None else None,
         )

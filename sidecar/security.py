@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from sidecar.config import ServerConfig
-from sidecar.contract import TOKEN_METADATA_KEY, read_pem, read_token
+from sidecar.credentials import TOKEN_METADATA_KEY, read_pem, read_token
 from sidecar.exceptions import ConfigError
 
 logger = logging.getLogger(__name__)

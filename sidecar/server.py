@@ -1,4 +1,4 @@
-"""The sidecar process: engine, scheduler, result writer and the gRPC server.
+"""The sidecar process: result channel, engine, scheduler and the gRPC server.
 
 :func:`serve` builds everything from a :class:`SidecarConfig` inside one
 :class:`contextlib.AsyncExitStack`, so a start that fails half-way (an engine
@@ -6,7 +6,8 @@ that does not load, an address that cannot be bound) undoes what it started,
 and every exit runs the same steps in reverse. It serves until SIGTERM/SIGINT,
 then drains: health turns ``NOT_SERVING``, new requests are refused
 (``shed``/``draining``), queued and running requests finish or hit their
-deadlines (at most ``drain_timeout_s``), results are flushed, and it returns.
+deadlines (at most ``drain_timeout_s``), the result channel delivers what it holds
+(a bounded wait of ``drain_timeout_s`` more for Kafka), and it returns.
 
 When the engine dies, health turns ``NOT_SERVING`` at once, new requests are
 refused (``engine_unavailable``, one row each), queued and running requests end
@@ -25,19 +26,22 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from sidecar.config import SidecarConfig
-from sidecar.engines import build_engine
+from sidecar.config import ServerConfig, SidecarConfig
+from sidecar.engines import Engine, build_engine
 from sidecar.exceptions import ConfigError, EngineDeadError
 from sidecar.event_loop import running_loop_name
 from sidecar.interceptors import ExceptionInterceptor
 from sidecar.metrics import SidecarMetrics
 from sidecar.pb.sts.v1 import inference_pb2, inference_pb2_grpc
 from sidecar.request_state import ResultRecord
-from sidecar.result_writer import ParquetResultWriter
+from sidecar.result_channels import ResultChannel, build_result_channel
 from sidecar.scheduler import Scheduler
 from sidecar.security import (
     TokenInterceptor,
@@ -49,9 +53,9 @@ from sidecar.security import (
     socket_umask,
     unix_socket_path,
 )
-from sidecar.tracing import sidecar_tracer
 from sidecar.servicer import InferenceServicer
-from sidecar.warmup import calibrate, warm_up
+from sidecar.tracing import SidecarTracer, sidecar_tracer
+from sidecar.warmup import SpeedSample, calibrate, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +137,12 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
                 gc_tuning: bool = False) -> None:
     """Run the sidecar until ``stop`` is set or SIGTERM/SIGINT arrives, then drain.
 
+    Start-up, in order (each step's undo is pushed on one exit stack, so any exit runs
+    them in reverse): checks that hold nothing (address, credentials), tracing, the
+    result channel (a bad channel setting fails before the engine loads), the engine
+    (load, warm-up, calibration), the scheduler, ``/metrics``, the gRPC server, and the
+    drain that runs first on the way out.
+
     Args:
         config: The whole sidecar configuration.
         stop: Optional event to stop it from the same process (tests, embedding).
@@ -140,8 +150,8 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
             sidecar owns its process: ``sts sidecar`` does).
 
     Raises:
-        ConfigError: refused address, unreadable credentials, address not bindable
-            (one line; nothing is left running).
+        ConfigError: refused address, unreadable credentials, address not bindable, a
+            result channel that cannot be built (one line; nothing is left running).
         EngineStartError: the engine did not load.
         EngineDeadError: the engine died while serving (after the shutdown ran).
 
@@ -150,92 +160,26 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
         asyncio.run(serve(SidecarConfig.from_yaml("conf/sidecar.yaml")))
     """
     started_at = time.monotonic()
-    server_cfg = config.server
-    sidecar_id = server_cfg.sidecar_id or default_sidecar_id()
+    sidecar_id = config.server.sidecar_id or default_sidecar_id()
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # Checks that hold no resource come first: nothing to undo when they fail.
-    token = server_token(server_cfg)
-    check_listen(server_cfg, token=token)
-    credentials = server_credentials(server_cfg)
-    socket_path = unix_socket_path(server_cfg.listen)
-    if socket_path is not None:
-        prepare_socket_dir(socket_path)
-
+    access = _check_access(config.server)  # holds no resource: nothing to undo
     async with contextlib.AsyncExitStack() as stack:
         _handle_signals(stack, stop)
-        engine = build_engine(config.engine)
-        stack.push_async_callback(engine.shutdown)  # also undoes a half-finished start
-        logger.info("Starting %s engine.", engine.kind)
-        await engine.start()
-        warmup_s = await warm_up(engine, config.warmup)
-        samples = await calibrate(engine, config.warmup,
-                                  min(config.scheduler.max_in_flight,
-                                      config.warmup.calibration_max_batch))
-
         tracer = sidecar_tracer()  # None unless the OTEL_* variables switch tracing on
-        if tracer is not None:  # unwound after the writer's last file: its spans go out too
+        if tracer is not None:  # unwound after the channel's last rows: their spans go out
             stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
-        writer = ParquetResultWriter(config.results, sidecar_id)
-        if tracer is not None:
-            writer.on_written = tracer.written
-        stack.callback(lambda: logger.info("Sidecar stopped; %d results in %d files.",
-                                           writer.rows_written, writer.files_written))
-        writer.start()
-        stack.push_async_callback(writer.close)
-        metrics: SidecarMetrics | None = None
-
-        def emit(record: ResultRecord) -> None:
-            writer.emit(record)
-            if metrics is not None:
-                metrics.observe(record)
-
-        scheduler = Scheduler(engine, emit, config.scheduler, sidecar_id,
-                              log_requests=server_cfg.log_requests)
+        channel = _start_result_channel(stack, config, sidecar_id, tracer)
+        engine, warmup_s, samples = await _start_engine(stack, config)
+        results = _ResultSink(channel)
+        scheduler = Scheduler(engine, results.emit, config.scheduler, sidecar_id,
+                              log_requests=config.server.log_requests, results=channel)
         scheduler.tracer = tracer
         scheduler.estimator.calibrate(samples)
         scheduler.start()
         stack.push_async_callback(scheduler.abort_all)
-        metrics = SidecarMetrics(scheduler, loop)
-        metrics.warmup_seconds.set(warmup_s)
-        if server_cfg.metrics_port is not None:
-            try:
-                stack.callback(metrics.serve(server_cfg.metrics_port, server_cfg.metrics_addr))
-            except OSError as e:
-                raise ConfigError(f"cannot serve /metrics: {e.strerror or e} "
-                                  f"({server_cfg.metrics_addr}:{server_cfg.metrics_port})"
-                                  ) from None
-            logger.info("Prometheus metrics on http://%s:%d/metrics", server_cfg.metrics_addr,
-                        server_cfg.metrics_port)
-            stack.callback(metrics.watch_gpus(server_cfg.metrics_gpus))
-
-        max_bytes = server_cfg.max_message_mb * 1024 * 1024
-        guard = ExceptionInterceptor(
-            max_inflight_bytes=server_cfg.max_inflight_rpc_mb * 1024 * 1024)
-        interceptors: list[grpc.aio.ServerInterceptor] = [guard]
-        token_check = TokenInterceptor(token) if token is not None else None
-        if token_check is not None:
-            interceptors.insert(0, token_check)
-        metrics.count_refused_calls(lambda: {
-            "unauthenticated": token_check.refused if token_check is not None else 0,
-            "resource_exhausted": guard.refused_for_bytes})
-        server = grpc.aio.server(
-            interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", max_bytes),
-                     ("grpc.max_send_message_length", max_bytes)],
-        )
-        inference_pb2_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(scheduler, engine_kind=engine.kind, started_at=started_at,
-                              submit_yield_ms=server_cfg.submit_yield_ms), server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        _bind(server, config, credentials)
-        stack.push_async_callback(server.stop, server_cfg.shutdown_grace_s)
-        with socket_umask(server_cfg.socket_mode) if socket_path else contextlib.nullcontext():
-            await server.start()
-        if socket_path is not None:
-            restrict_socket(socket_path, server_cfg.socket_mode)
-            stack.callback(lambda: socket_path.unlink(missing_ok=True))
+        results.metrics = _start_metrics(stack, scheduler, config.server, warmup_s)
+        health_servicer = await _start_grpc(stack, config, scheduler, access, results.metrics,
+                                            started_at=started_at)
 
         async def drain() -> None:
             logger.info("Draining: refusing new requests.")
@@ -245,25 +189,161 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
         stack.push_async_callback(drain)
         if gc_tuning:
             tune_gc()
-        serving = (health_pb2.HealthCheckResponse.SERVING if scheduler.engine_error is None
-                   else health_pb2.HealthCheckResponse.NOT_SERVING)
-        for name in _HEALTH_NAMES:
-            await health_servicer.set(name, serving)
-        logger.info("Sidecar %s serving %s (%s engine, model %s, warm-up %.2f s, %s event "
-                    "loop) on %s (%s%s); results in %s.", sidecar_id, SERVICE_NAME, engine.kind,
-                    engine.model_name, warmup_s, running_loop_name(), server_cfg.listen,
-                    "TLS" if credentials else "plaintext",
-                    ", token required" if token else "", config.results.results_dir)
-        print(f"sts sidecar ready on {server_cfg.listen}", flush=True)
-
+        await _report_serving(health_servicer, scheduler, config, access, sidecar_id,
+                              warmup_s=warmup_s, destination=channel.destination)
         await _first_of(stop, scheduler.engine_dead)
         if scheduler.engine_error is not None:
-            for name in _HEALTH_NAMES:
-                await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-            logger.error("Engine died (%s): NOT_SERVING; exiting in %.1f s.",
-                         scheduler.engine_error, server_cfg.engine_death_grace_s)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(server_cfg.engine_death_grace_s):
-                    await stop.wait()
-            raise EngineDeadError(f"the engine died: {scheduler.engine_error} "
-                                  f"(sidecar {sidecar_id})")
+            await _exit_after_engine_death(health_servicer, scheduler, config.server, stop,
+                                           sidecar_id)
+
+
+@dataclass(frozen=True)
+class _Access:
+    """How clients reach the sidecar, checked before anything starts."""
+
+    token: str | None
+    credentials: grpc.ServerCredentials | None
+    socket_path: Path | None
+
+
+def _check_access(server_cfg: ServerConfig) -> _Access:
+    """The token, TLS credentials and unix socket of ``server_cfg``, checked (one-line
+    :class:`ConfigError` on a refused address or unreadable credentials)."""
+    token = server_token(server_cfg)
+    check_listen(server_cfg, token=token)
+    credentials = server_credentials(server_cfg)
+    socket_path = unix_socket_path(server_cfg.listen)
+    if socket_path is not None:
+        prepare_socket_dir(socket_path)
+    return _Access(token, credentials, socket_path)
+
+
+def _start_result_channel(stack: contextlib.AsyncExitStack, config: SidecarConfig,
+                          sidecar_id: str, tracer: SidecarTracer | None) -> ResultChannel:
+    """Build and start the result channel; on the way out it delivers what is buffered
+    (bounded by ``drain_timeout_s``) after the scheduler's last rows."""
+    channel = build_result_channel(config.results, sidecar_id)
+    if tracer is not None:
+        channel.on_written = tracer.written
+    stack.callback(lambda: logger.info("Sidecar stopped; %s.", channel.summary()))
+    channel.start()
+    stack.push_async_callback(channel.close, config.scheduler.drain_timeout_s)
+    return channel
+
+
+async def _start_engine(stack: contextlib.AsyncExitStack, config: SidecarConfig
+                        ) -> tuple[Engine, float, list[SpeedSample]]:
+    """Build, start, warm up and calibrate the engine; returns it, the warm-up's
+    seconds and the calibration samples."""
+    engine = build_engine(config.engine)
+    stack.push_async_callback(engine.shutdown)  # also undoes a half-finished start
+    logger.info("Starting %s engine.", engine.kind)
+    await engine.start()
+    warmup_s = await warm_up(engine, config.warmup)
+    samples = await calibrate(engine, config.warmup,
+                              min(config.scheduler.max_in_flight,
+                                  config.warmup.calibration_max_batch))
+    return engine, warmup_s, samples
+
+
+class _ResultSink:
+    """The scheduler's ``emit``: each row to the result channel, then to the metrics
+    (set once they exist; they read the scheduler, which is built with this)."""
+
+    __slots__ = ("channel", "metrics")
+
+    def __init__(self, channel: ResultChannel) -> None:
+        self.channel = channel
+        self.metrics: SidecarMetrics | None = None
+
+    def emit(self, record: ResultRecord) -> None:
+        self.channel.emit(record)
+        if (metrics := self.metrics) is not None:
+            metrics.observe(record)
+
+
+def _start_metrics(stack: contextlib.AsyncExitStack, scheduler: Scheduler,
+                   server_cfg: ServerConfig, warmup_s: float) -> SidecarMetrics:
+    """The metrics registry, served on ``/metrics`` when ``metrics_port`` is set."""
+    metrics = SidecarMetrics(scheduler, asyncio.get_running_loop())
+    metrics.warmup_seconds.set(warmup_s)
+    if server_cfg.metrics_port is None:
+        return metrics
+    try:
+        stack.callback(metrics.serve(server_cfg.metrics_port, server_cfg.metrics_addr))
+    except OSError as e:
+        raise ConfigError(f"cannot serve /metrics: {e.strerror or e} "
+                          f"({server_cfg.metrics_addr}:{server_cfg.metrics_port})") from None
+    logger.info("Prometheus metrics on http://%s:%d/metrics", server_cfg.metrics_addr,
+                server_cfg.metrics_port)
+    stack.callback(metrics.watch_gpus(server_cfg.metrics_gpus))
+    return metrics
+
+
+async def _start_grpc(stack: contextlib.AsyncExitStack, config: SidecarConfig,
+                      scheduler: Scheduler, access: _Access, metrics: SidecarMetrics, *,
+                      started_at: float) -> health.aio.HealthServicer:
+    """The gRPC server with its interceptors, the inference and health services, bound
+    and started; returns the health servicer (still reporting nothing)."""
+    server_cfg = config.server
+    max_bytes = server_cfg.max_message_mb * 1024 * 1024
+    guard = ExceptionInterceptor(max_inflight_bytes=server_cfg.max_inflight_rpc_mb * 1024 * 1024)
+    interceptors: list[grpc.aio.ServerInterceptor] = [guard]
+    token_check = TokenInterceptor(access.token) if access.token is not None else None
+    if token_check is not None:
+        interceptors.insert(0, token_check)
+    metrics.count_refused_calls(lambda: {
+        "unauthenticated": token_check.refused if token_check is not None else 0,
+        "resource_exhausted": guard.refused_for_bytes})
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[("grpc.max_receive_message_length", max_bytes),
+                 ("grpc.max_send_message_length", max_bytes)],
+    )
+    inference_pb2_grpc.add_InferenceServicer_to_server(
+        InferenceServicer(scheduler, engine_kind=scheduler.engine.kind, started_at=started_at,
+                          submit_yield_ms=server_cfg.submit_yield_ms), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    _bind(server, config, access.credentials)
+    stack.push_async_callback(server.stop, server_cfg.shutdown_grace_s)
+    socket_path = access.socket_path
+    with socket_umask(server_cfg.socket_mode) if socket_path else contextlib.nullcontext():
+        await server.start()
+    if socket_path is not None:
+        restrict_socket(socket_path, server_cfg.socket_mode)
+        stack.callback(lambda: socket_path.unlink(missing_ok=True))
+    return health_servicer
+
+
+async def _report_serving(health_servicer: health.aio.HealthServicer, scheduler: Scheduler,
+                          config: SidecarConfig, access: _Access, sidecar_id: str, *,
+                          warmup_s: float, destination: str) -> None:
+    """Health turns ``SERVING`` (``NOT_SERVING`` if the engine died meanwhile), the
+    start-up is logged and ``sts sidecar ready on ...`` printed."""
+    serving = (health_pb2.HealthCheckResponse.SERVING if scheduler.engine_error is None
+               else health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in _HEALTH_NAMES:
+        await health_servicer.set(name, serving)
+    engine, listen = scheduler.engine, config.server.listen
+    logger.info("Sidecar %s serving %s (%s engine, model %s, warm-up %.2f s, %s event "
+                "loop) on %s (%s%s); results to %s.", sidecar_id, SERVICE_NAME, engine.kind,
+                engine.model_name, warmup_s, running_loop_name(), listen,
+                "TLS" if access.credentials else "plaintext",
+                ", token required" if access.token else "", destination)
+    print(f"sts sidecar ready on {listen}", flush=True)
+
+
+async def _exit_after_engine_death(health_servicer: health.aio.HealthServicer,
+                                   scheduler: Scheduler, server_cfg: ServerConfig,
+                                   stop: asyncio.Event, sidecar_id: str) -> NoReturn:
+    """The engine died: ``NOT_SERVING`` for ``engine_death_grace_s`` (or until ``stop``),
+    then :class:`EngineDeadError`, which runs the shutdown and exits non-zero."""
+    for name in _HEALTH_NAMES:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    logger.error("Engine died (%s): NOT_SERVING; exiting in %.1f s.",
+                 scheduler.engine_error, server_cfg.engine_death_grace_s)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(server_cfg.engine_death_grace_s):
+            await stop.wait()
+    raise EngineDeadError(f"the engine died: {scheduler.engine_error} (sidecar {sidecar_id})")

@@ -14,6 +14,7 @@ from sidecar.exceptions import EngineDeadError
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 from sidecar.request_state import ResultRecord, SidecarRequest
+from sidecar.result_channels import ResultChannelStats
 from sidecar.scheduler import Scheduler
 from sidecar.stats import SchedulerStats
 
@@ -110,7 +111,16 @@ def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, mode
         late_results=s.late_results,
         late_aborted=s.late_aborted,
         late_in_flight=s.late_in_flight,
+        result_channel=_channel_to_proto(s.result_channel),
     )
+
+
+def _channel_to_proto(c: ResultChannelStats | None) -> pb.ResultChannelStats | None:
+    if c is None:
+        return None
+    return pb.ResultChannelStats(kind=c.kind, produced=c.produced, delivered=c.delivered,
+                                 delivery_errors=c.delivery_errors, buffered=c.buffered,
+                                 up=-1 if c.up is None else int(c.up))
 
 
 def result_to_proto(r: ResultRecord) -> pb.Result:

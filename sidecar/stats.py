@@ -6,9 +6,11 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from sidecar.contract import STATUSES, Priority, RefusalReason, percentile
+from sidecar.contract import STATUSES, Priority, RefusalReason
 from sidecar.engines import EngineStats
+from sidecar.percentiles import percentile
 from sidecar.request_state import ResultRecord
+from sidecar.result_channels.base import ResultChannelStats
 
 #: Output tokens/s is measured over the requests finished in this many seconds.
 TOKEN_RATE_WINDOW_S = 10.0
@@ -60,6 +62,8 @@ class SchedulerStats:
     preemptions: int = 0
     wait_error_s: dict[Priority, dict[str, float | None]] = field(default_factory=dict)
     """Per pool: ``p50``/``p99`` of actual minus estimated queue wait (seconds) and ``n``."""
+    result_channel: ResultChannelStats | None = None
+    """The result channel's figures (``None``: the scheduler was given no channel)."""
 
     @property
     def queued(self) -> dict[Priority, int]:

@@ -30,4 +30,9 @@ def format_stats(stats: pb.GetStatsResponse) -> str:
             f"{_counts(dict(p.results_by_status))} / {_counts(dict(p.shed_by_reason))}")
     lines.append(f"submitted {stats.submitted}, accepted {stats.accepted}, "
                  f"duplicates {stats.duplicates}; results: {_counts(dict(stats.results_by_status))}")
+    if stats.HasField("result_channel"):
+        c = stats.result_channel
+        up = {1: "", 0: ", DESTINATION UNREACHABLE"}.get(c.up, "")
+        lines.append(f"result channel {c.kind}: {c.produced} rows, {c.delivered} delivered, "
+                     f"{c.buffered} buffered, {c.delivery_errors} delivery errors{up}")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """L3 spans of a traced request, written once its result row is on disk.
 
 A request is traced when it carries a sampled ``traceparent`` attribute and tracing
-is on (:func:`sidecar.contract.start_tracing`). The hot path only records times: the
+is on (:func:`sidecar.otel.start_tracing`). The hot path only records times: the
 servicer notes each batch's admission (:meth:`SidecarTracer.admitted`), the
 scheduler each dispatch into the engine (:meth:`SidecarTracer.dispatched`). When
 the result writer has made a row visible (:meth:`SidecarTracer.written`), the
@@ -24,13 +24,8 @@ import time
 from collections.abc import Sequence
 
 from sidecar.admission import Ack
-from sidecar.contract import (
-    TRACEPARENT,
-    Tracing,
-    parse_traceparent,
-    start_tracing,
-    traceparent_sampled,
-)
+from sidecar.contract import TRACEPARENT, parse_traceparent, traceparent_sampled
+from sidecar.otel import Tracing, start_tracing
 from sidecar.request_state import ResultRecord, SidecarRequest
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from sidecar.contract import PRIORITY_NAMES, ClientSecurity, build_sections, read_yaml
+from sidecar import ClientSecurity, build_sections, read_yaml
+from sidecar.contract import PRIORITY_NAMES
 from spark_ext.exceptions import PipelineConfigError
 from spark_ext.uris import join_uri, resolve_local
 

@@ -32,16 +32,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sidecar import Tracing, otel_environment, start_tracing, tracing_requested
 from sidecar.contract import (
     TRACEPARENT,
-    Tracing,
     attributes_problem,
     event_span_id,
     format_traceparent,
-    otel_environment,
     parse_traceparent,
-    start_tracing,
-    tracing_requested,
     w3c_trace_id,
 )
 

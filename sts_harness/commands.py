@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sidecar import ENGINE_KINDS
+
 #: What a command prints when the ``spark`` extra is not installed.
 SPARK_EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark]'"
 
@@ -24,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="output folder; an existing one must be empty or an earlier demo's")
     demo.add_argument("--overwrite", action="store_true",
                       help="replace an earlier demo's output in --out")
-    demo.add_argument("--engine", choices=["vllm", "simulated"], default="vllm")
+    demo.add_argument("--engine", choices=ENGINE_KINDS, default=ENGINE_KINDS[0])
     demo.add_argument("--max-tokens", type=int, default=48)
     demo.add_argument("--l1l2", action=argparse.BooleanOptionalAction, default=True,
                       help="L1 routing (MiniLM + classifier), L2 retrieval (Milvus Lite) and "
@@ -53,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="replace an earlier sts validate's output in --out")
     validate.add_argument("--config", default=None, help="pipeline YAML (tagging, template, "
                           "validation, routing, sidecar)")
-    validate.add_argument("--engine", choices=["vllm", "simulated"], default="vllm",
+    validate.add_argument("--engine", choices=ENGINE_KINDS, default=ENGINE_KINDS[0],
                           help="engine of the sidecar it starts")
     validate.add_argument("--endpoint", default=None,
                           help="use this running sidecar instead of starting one")
@@ -108,7 +110,9 @@ def _run_events(args: argparse.Namespace) -> int:
 
 def _fail(e: BaseException | str, command: str, code: int) -> int:
     """Print the one-line error ``sts: <what> (sts <command>)``; return ``code``."""
-    print(f"sts: {' '.join(str(e).split())} (sts {command})", file=sys.stderr)
+    from sidecar import one_line
+
+    print(f"sts: {one_line(e)} (sts {command})", file=sys.stderr)
     return code
 
 

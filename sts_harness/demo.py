@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from sidecar.contract import PRIORITY_NAMES, percentiles
+from sidecar import percentiles
+from sidecar.contract import PRIORITY_NAMES
 from sts_harness.hops import format_hops, hop_latencies
 from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
 

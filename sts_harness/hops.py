@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from sidecar.contract import percentiles
+from sidecar import percentiles
 
 #: Hop name -> (from column, to column); all epoch-ms columns of the answers table.
 HOPS: dict[str, tuple[str, str]] = {

@@ -25,6 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
+from sidecar import write_folder_atomically
 from sts_harness.process import free_port
 
 #: The broker's release. Kafka 4.x brokers run on Java 17; Spark's connector (kafka-clients
@@ -61,8 +62,8 @@ def cache_root() -> Path:
 
 def broker_jars(version: str = KAFKA_VERSION, *, fetch: bool = True) -> Path:
     """The folder holding the broker's jars, resolved from Maven Central when missing
-    (``fetch``). The folder is filled under a temporary name and renamed, so a broken
-    download never looks complete.
+    (``fetch``). The folder is filled under a hidden name and renamed
+    (:func:`sidecar.write_folder_atomically`), so a broken download never looks complete.
 
     Raises:
         KafkaBrokerError: the jars are missing and cannot be resolved.
@@ -78,10 +79,8 @@ def broker_jars(version: str = KAFKA_VERSION, *, fetch: bool = True) -> Path:
     ivy = next(iter(sorted((Path(pyspark.__file__).parent / "jars").glob("ivy-*.jar"))), None)
     if ivy is None:
         raise KafkaBrokerError("PySpark ships no Ivy jar to resolve the broker with")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = folder.parent / f".{version}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
+
+    def resolve(staging: Path) -> None:
         ivy_xml = staging / "ivy.xml"
         ivy_xml.write_text(_IVY_XML.format(scala=SCALA_BINARY, kafka=version,
                                            log4j=LOG4J_VERSION), encoding="utf-8")
@@ -95,10 +94,8 @@ def broker_jars(version: str = KAFKA_VERSION, *, fetch: bool = True) -> Path:
             raise KafkaBrokerError(f"could not resolve org.apache.kafka:kafka_{SCALA_BINARY}:"
                                    f"{version} from Maven Central: {tail}")
         ivy_xml.unlink()
-        staging.rename(folder)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)  # our own staging folder, never the user's
+
+    write_folder_atomically(folder, resolve)  # a folder another run finished first is kept
     return folder
 
 

@@ -18,10 +18,11 @@ import hashlib
 import json
 import os
 import shutil
-import uuid
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from sidecar import write_folder_atomically
 
 #: The demo's template with retrieved context (stable part as in ``conf/pipeline.yaml``).
 DYNAMIC_WITH_CONTEXT = "{kb_context}Ticket: {text}"
@@ -77,17 +78,8 @@ def build_cached(folder: Path, labelled: Path, articles: Path) -> bool:
                     str(model_path(EmbeddingConfig())).encode())
     cached = _cache_root() / "demo-l1l2" / key
     hit = (cached / "router.json").is_file() and (cached / "kb.db").is_dir()
-    if not hit:
-        staging = cached.with_name(f".{key}-{uuid.uuid4().hex[:8]}")
-        try:
-            _build(staging, labelled, articles)
-            staging.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.rename(staging, cached)  # atomic; another run may have won the race
-            except OSError:
-                pass
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    if not hit:  # another run may win the race: its folder is kept
+        write_folder_atomically(cached, lambda staging: _build(staging, labelled, articles))
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy2(cached / "router.json", folder / "router.json")
     shutil.rmtree(folder / "kb.db", ignore_errors=True)  # the demo's own earlier copy

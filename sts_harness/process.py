@@ -12,9 +12,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sidecar import SidecarError
+from sidecar import ClientSecurity, SidecarError
 from sidecar.client import SidecarClient
-from sidecar.contract import ClientSecurity
 
 REPO = Path(__file__).resolve().parents[1]
 

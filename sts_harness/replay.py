@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sidecar.contract import now_ms, write_text_atomically
+from sidecar import write_text_atomically
+from sidecar.contract import now_ms
 
 #: Spark schema of replayed events (``conf/pipeline.yaml``'s plus ``max_tokens``).
 EVENT_SCHEMA = "event_id STRING, text STRING, priority STRING, event_ts LONG, max_tokens INT"

@@ -7,7 +7,8 @@ import collections
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sidecar.contract import PRIORITY_NAMES, percentiles
+from sidecar import percentiles
+from sidecar.contract import PRIORITY_NAMES
 
 
 def rule_arm(answer: Mapping[str, Any]) -> bool:

@@ -106,6 +106,8 @@ class RefusalReason(enum.IntEnum):
     ATTRIBUTES_TOO_LARGE = pb.REFUSAL_REASON_ATTRIBUTES_TOO_LARGE
     ENGINE_UNAVAILABLE = pb.REFUSAL_REASON_ENGINE_UNAVAILABLE
     """The engine failed; the sidecar is about to exit (status ``shed``)."""
+    RESULTS_BACKLOG = pb.REFUSAL_REASON_RESULTS_BACKLOG
+    """The result channel cannot take the request's result row now (status ``shed``)."""
 
     def __str__(self) -> str:
         return self.name.lower()
@@ -124,7 +126,7 @@ class RefusalReason(enum.IntEnum):
 _SHED_REASONS = frozenset(
     {RefusalReason.QUEUE_FULL, RefusalReason.DEADLINE_INFEASIBLE, RefusalReason.DRAINING,
      RefusalReason.OVERLOADED, RefusalReason.QUEUE_DELAY_EXCEEDED,
-     RefusalReason.ENGINE_UNAVAILABLE}
+     RefusalReason.ENGINE_UNAVAILABLE, RefusalReason.RESULTS_BACKLOG}
 )
 
 

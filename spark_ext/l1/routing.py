@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from sidecar.contract import PRIORITY_NAMES, write_text_atomically
+from sidecar import write_text_atomically
+from sidecar.contract import PRIORITY_NAMES
 from spark_ext.config import ROUTES, EmbeddingConfig, RoutingConfig
 from spark_ext.exceptions import RoutingModelError
 from spark_ext.sources.jsonl_input import non_empty_string, one_of, read_jsonl

@@ -276,7 +276,7 @@ def test_routing_rules_alone_and_config_errors(spark) -> None:
 @pytest.mark.slow
 def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
         spark, tmp_path: Path, kb: KnowledgeBaseConfig, router_file: Path) -> None:
-    from sidecar.contract import write_text_atomically
+    from sidecar import write_text_atomically
     from spark_ext.pipeline.sts_pipeline import StsPipeline
     from tests.utils import RemoteSidecar
 

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from sidecar.contract import write_text_atomically
+from sidecar import write_text_atomically
 from spark_ext.config import PipelineConfig
 from spark_ext.pipeline.sts_pipeline import StsPipeline
 from tests.utils import REPO, RemoteSidecar, free_port, require_tool, wait_until

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from sidecar import write_text_atomically
 from sidecar.cli import main as sts_main
-from sidecar.contract import PRIORITY_NAMES, write_text_atomically
+from sidecar.contract import PRIORITY_NAMES
 from spark_ext.config import PipelineConfig
 from spark_ext.sources.event_tables import read_event_table
 from spark_ext.pipeline.sts_pipeline import StsPipeline

@@ -51,16 +51,17 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
                     "--no-build-isolation", "-w", str(dist), str(REPO)], check=True, timeout=180)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     wheel = next(dist.glob("sts_spark-*.whl"))
+    # Without PYTHONPATH: a checkout on it (its sts_spark.egg-info) looks installed to pip.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True,
-                   timeout=240)
+                   timeout=240, env=env)
     py = str(venv / "bin" / "python")
     missing = subprocess.run([py, "-c", "import importlib.util as u; print([m for m in "
                               f"{SPARK_SIDE[:5]!r} if u.find_spec(m)])"],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True, check=True, env=env)
     assert missing.stdout.strip() == "[]", "the base install pulled in the Spark side"
 
     results, port = tmp_path / "results", free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.Popen([str(venv / "bin" / "sts"), "sidecar", "--engine", "simulated",
                              "--listen", f"127.0.0.1:{port}", "--results-dir", str(results)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -85,7 +86,7 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
             proc.wait()
     # The shipped conf/ travels in the wheel, found by conf_dir() from any folder.
     shipped = venv / "share" / "sts-spark" / "conf"
-    found = subprocess.run([py, "-c", "from sidecar.contract import conf_dir; print(conf_dir())"],
+    found = subprocess.run([py, "-c", "from sidecar import conf_dir; print(conf_dir())"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert found.stdout.strip() == str(shipped), found.stdout + found.stderr
     for name in ("sidecar.yaml", "pipeline.yaml", "profiles/seed-200qps.yaml",
@@ -101,3 +102,12 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2
     assert "sts-spark[spark]" in usage.stderr and "Traceback" not in usage.stderr
+    # The kafka result channel needs the kafka extra: without it, one line, exit 2.
+    kafka = subprocess.run([str(venv / "bin" / "sts"), "sidecar", "--engine", "simulated",
+                            "--listen", f"127.0.0.1:{free_port()}", "--set", "results.kind=kafka",
+                            "--set", "results.kafka.bootstrap_servers=127.0.0.1:9092"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert kafka.returncode == 2, kafka.stderr
+    assert kafka.stderr.strip().splitlines()[-1] == (
+        "sts: the kafka result channel needs confluent-kafka: pip install 'sts-spark[kafka]' "
+        "(results.kind)")

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sidecar.contract import PRIORITY_NAMES, write_text_atomically
+from sidecar import write_text_atomically
+from sidecar.contract import PRIORITY_NAMES
 from spark_ext.config import PipelineConfig
 from spark_ext.exceptions import TemplateOrderError
 from spark_ext.pipeline.sts_pipeline import StsPipeline

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.contract import event_span_id, write_text_atomically
+from sidecar import write_text_atomically
+from sidecar.contract import event_span_id
 from spark_ext.config import PipelineConfig
 from spark_ext.pipeline.sts_pipeline import StsPipeline
 from sts_harness.trace_receiver import TraceReceiver

@@ -10,7 +10,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from sidecar import result_writer
 from sidecar.config import (
     PoolConfig,
     ResultChannelConfig,
@@ -20,7 +19,8 @@ from sidecar.config import (
 from sidecar.contract import RESULT_SCHEMA, parse_result_file_name, result_file_name
 from sidecar.model_prep import default_model_dir, is_prepared, prepare_default_model
 from sidecar.request_state import ResultRecord
-from sidecar.result_writer import ParquetResultWriter
+from sidecar.result_channels import files as files_channel
+from sidecar.result_channels.files import FilesResultChannel
 from tests.conftest import CONF
 
 
@@ -71,7 +71,7 @@ def test_writer_flushes_within_interval_and_files_are_complete(tmp_path: Path) -
                                  max_rows_per_file=4)
 
     async def run() -> float:
-        writer = ParquetResultWriter(config, "s0")
+        writer = FilesResultChannel(config, "s0")
         writer.start()
         start = time.monotonic()
         writer.emit(_record(0))
@@ -115,8 +115,8 @@ def test_result_file_names_are_offsets_in_one_stream(tmp_path: Path) -> None:
     config = ResultChannelConfig(results_dir=str(tmp_path), flush_interval_s=0.05,
                                  max_rows_per_file=2)
 
-    async def run() -> ParquetResultWriter:
-        writer = ParquetResultWriter(config, "gpu-node.1_a")
+    async def run() -> FilesResultChannel:
+        writer = FilesResultChannel(config, "gpu-node.1_a")
         writer.start()
         writer.emit(_record(0, attributes={"ticket_id": "T-0", "shop": "s1"}, submit_ts=5))
         writer.emit(_record(1, status="timeout", text=""))
@@ -143,7 +143,7 @@ def test_a_flush_writes_what_was_pending_when_it_began(tmp_path: Path) -> None:
     """Rows emitted while a file is being written wait for the next flush (under steady
     load the writer no longer writes small file after small file back to back); close()
     writes everything."""
-    writer = ParquetResultWriter(ResultChannelConfig(results_dir=str(tmp_path)), "s0")
+    writer = FilesResultChannel(ResultChannelConfig(results_dir=str(tmp_path)), "s0")
 
     async def run() -> None:
         writer.emit(_record(0))
@@ -162,7 +162,7 @@ def test_a_flush_writes_what_was_pending_when_it_began(tmp_path: Path) -> None:
 
 
 def test_a_failed_write_keeps_its_seq(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real, calls = result_writer.write_parquet_atomically, []
+    real, calls = files_channel.write_parquet_atomically, []
 
     def flaky(table, directory, name):  # type: ignore[no-untyped-def]
         calls.append(name)
@@ -170,8 +170,8 @@ def test_a_failed_write_keeps_its_seq(tmp_path: Path, monkeypatch: pytest.Monkey
             raise OSError("disk full (simulated)")
         return real(table, directory, name)
 
-    monkeypatch.setattr(result_writer, "write_parquet_atomically", flaky)
-    writer = ParquetResultWriter(ResultChannelConfig(results_dir=str(tmp_path)), "s0")
+    monkeypatch.setattr(files_channel, "write_parquet_atomically", flaky)
+    writer = FilesResultChannel(ResultChannelConfig(results_dir=str(tmp_path)), "s0")
 
     async def run() -> None:
         writer.emit(_record(0))

@@ -16,7 +16,7 @@ WITH_EXAMPLES = sorted(name for name, path in MODULES.items()
 
 
 def test_examples_are_found() -> None:
-    assert "sidecar.contract.files" in WITH_EXAMPLES
+    assert "sidecar.atomic_files" in WITH_EXAMPLES
 
 
 @pytest.mark.timeout(120)

@@ -12,8 +12,9 @@ from tests.utils import REPO, library_modules
 
 #: Packages from the bottom up: a module may import only from its own layer or below.
 LAYERS = ("sidecar", "spark_ext", "sts_harness", "benchmarks")
-#: What other packages may import from the sidecar: its contract, client and wire code.
-SIDECAR_PUBLIC = ("sidecar", "sidecar.contract", "sidecar.client", "sidecar.pb")
+#: Sidecar modules other packages may import (besides the names ``sidecar/__init__.py``
+#: exports in ``__all__``): its contract, client and wire code.
+SIDECAR_PUBLIC = ("sidecar.contract", "sidecar.client", "sidecar.pb")
 #: The layers of ``spark_ext`` from the bottom up: its top-level modules (config,
 #: session, URIs, ...), then L0 sources, L1, L2, the hand-off to the sidecar, L4 and the
 #: pipeline that wires them. A module imports only from its own layer or below.
@@ -95,11 +96,62 @@ def test_the_layer_check_sees_an_upward_import() -> None:
         tmp.unlink()
 
 
+def _sidecar_exports() -> set[str]:
+    """The names in ``sidecar/__init__.py``'s ``__all__`` (read, not imported)."""
+    tree = ast.parse((REPO / "sidecar" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("sidecar/__init__.py has no __all__")
+
+
+SIDECAR_EXPORTS = _sidecar_exports()
+
+
+def _sidecar_violations(path: Path) -> list[str]:
+    """The imports of ``path`` (at any depth) that reach past the sidecar's public API:
+    ``from sidecar import X`` with X not in ``sidecar.__all__`` (nor a public module),
+    and ``import sidecar.y`` / ``from sidecar.y import ...`` with y not public."""
+    public = {p.removeprefix("sidecar.") for p in SIDECAR_PUBLIC}
+    wrong = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module == "sidecar":
+            wrong += [f"from sidecar import {a.name}" for a in node.names
+                      if a.name not in SIDECAR_EXPORTS and a.name not in public]
+            continue
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        else:
+            continue
+        wrong += [f"imports {m}" for m in modules if m.startswith("sidecar.")
+                  and not any(m == p or m.startswith(p + ".") for p in SIDECAR_PUBLIC)]
+    return wrong
+
+
 def test_other_packages_use_only_the_sidecar_contract() -> None:
-    wrong = [f"{mod} imports {imp}" for mod, imps in IMPORTS.items() for imp in imps
-             if _top(mod) != "sidecar" and _top(imp) == "sidecar"
-             and not any(imp == p or imp.startswith(p + ".") for p in SIDECAR_PUBLIC)]
+    wrong = [f"{mod}: {v}" for mod, path in MODULES.items() if _top(mod) != "sidecar"
+             for v in _sidecar_violations(path)]
     assert not wrong, wrong
+
+
+def test_the_checker_sees_an_internal_sidecar_import() -> None:
+    """A benchmark reaching a sidecar internal (a module, or a name ``sidecar`` does not
+    export) fails the check above; exported names and the contract pass."""
+    text = ("from sidecar import ConfigError, Scheduler\n"
+            "from sidecar.contract import now_ms\n"
+            "def f():\n    from sidecar.admission.dedupe import DedupeWindow\n"
+            "    import sidecar.scheduler\n")
+    tmp = REPO / "benchmarks" / "__layout_probe__.py"
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        assert _sidecar_violations(tmp) == ["from sidecar import Scheduler",
+                                            "imports sidecar.admission.dedupe",
+                                            "imports sidecar.scheduler"]
+    finally:
+        tmp.unlink()
 
 
 def test_the_sidecar_needs_no_spark_side_package() -> None:
@@ -162,7 +214,8 @@ def _readme_layout() -> set[str]:
 
 def test_readme_layout_lists_every_module() -> None:
     tree = {str(p.relative_to(REPO)) for p in MODULES.values()
-            if p.name != "__init__.py" or p.parent.name in ("contract", "engines")}
+            if p.name != "__init__.py"
+            or p.parent.name in ("contract", "engines", "admission", "result_channels")}
     listed = _readme_layout()
     assert not tree - listed, f"modules missing from the README's Layout: {sorted(tree - listed)}"
     assert not listed - tree, f"README's Layout lists files that do not exist: {sorted(listed - tree)}"

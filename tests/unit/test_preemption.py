@@ -8,6 +8,7 @@ import collections
 
 import pytest
 
+from sidecar.admission import LoadCheck
 from sidecar.config import SchedulerConfig
 from sidecar.contract import Priority, RefusalReason
 from sidecar.engines.simulated import SimulatedEngine, SimulatedEngineConfig
@@ -160,12 +161,12 @@ def test_batch_speed_model_and_shrinking_the_batch_instead_of_refusing() -> None
         _run(pools, f"l{i}", LOW, now[0], 20.0)
     # 64 tokens at batch 8 take ~5.4 s; alone ~3.3 s. A 4.5 s deadline fits a small batch.
     req = make_sidecar_request("hi", priority=HIGH, max_tokens=64, deadline_in_ms=4500)
-    assert load.check(req) is None  # not refused as infeasible while low work runs
+    assert LoadCheck(load).check(req) is None  # not refused as infeasible while low work runs
     batch = load.target_batch(req)
     assert batch is not None and batch < 8
     # Without preemption the same request is refused.
     load.config.preemption.enabled = False
-    refusal = load.check(req)
+    refusal = LoadCheck(load).check(req)
     assert refusal is not None and refusal.reason is RefusalReason.DEADLINE_INFEASIBLE
 
 

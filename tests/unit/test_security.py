@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sidecar import ClientSecurity
 from sidecar.client import SidecarClient
 from sidecar.config import ServerConfig, SidecarConfig
-from sidecar.contract import ClientSecurity
 from sidecar.exceptions import ConfigError
 from sidecar.security import check_listen
 from sidecar.server import serve

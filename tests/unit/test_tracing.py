@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from sidecar import Tracing, start_tracing
 from sidecar.cli import main
 from sidecar.client import request_to_proto
 from sidecar.config import SchedulerConfig
-from sidecar.contract import TRACEPARENT, Tracing, format_traceparent, start_tracing
+from sidecar.contract import TRACEPARENT, format_traceparent
 from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.servicer import InferenceServicer
 from sidecar.tracing import SidecarTracer, sidecar_tracer

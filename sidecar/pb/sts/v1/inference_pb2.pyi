@@ -125,6 +125,12 @@ class _RefusalReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Refusal
     """/ The engine failed: the sidecar is NOT_SERVING and about to exit (a
     / supervisor restarts it). Status shed, with the pool's fallback text.
     """
+    REFUSAL_REASON_RESULTS_BACKLOG: _RefusalReason.ValueType  # 16
+    """/ The result channel cannot take the request's result row now: the rows of
+    / queued and running requests would fill what it may hold undelivered
+    / (results.kafka.max_buffered, e.g. while the Kafka brokers are away). Status
+    / shed, with the pool's fallback text.
+    """
 
 class RefusalReason(_RefusalReason, metaclass=_RefusalReasonEnumTypeWrapper):
     """/ Why a request was refused at admission. Machine-readable; `detail` in the
@@ -158,6 +164,12 @@ REFUSAL_REASON_ATTRIBUTES_TOO_LARGE: RefusalReason.ValueType  # 14
 REFUSAL_REASON_ENGINE_UNAVAILABLE: RefusalReason.ValueType  # 15
 """/ The engine failed: the sidecar is NOT_SERVING and about to exit (a
 / supervisor restarts it). Status shed, with the pool's fallback text.
+"""
+REFUSAL_REASON_RESULTS_BACKLOG: RefusalReason.ValueType  # 16
+"""/ The result channel cannot take the request's result row now: the rows of
+/ queued and running requests would fill what it may hold undelivered
+/ (results.kafka.max_buffered, e.g. while the Kafka brokers are away). Status
+/ shed, with the pool's fallback text.
 """
 Global___RefusalReason: _TypeAlias = RefusalReason  # noqa: Y015
 
@@ -680,6 +692,7 @@ class GetStatsResponse(_message.Message):
     LATE_RESULTS_FIELD_NUMBER: _builtins.int
     LATE_ABORTED_FIELD_NUMBER: _builtins.int
     LATE_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    RESULT_CHANNEL_FIELD_NUMBER: _builtins.int
     sidecar_id: _builtins.str
     engine: _builtins.str
     """/ "vllm" or "simulated"."""
@@ -720,6 +733,10 @@ class GetStatsResponse(_message.Message):
     def refusals_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """/ Refusals by reason name ("queue_full", "empty_prompt", ...)."""
 
+    @_builtins.property
+    def result_channel(self) -> Global___ResultChannelStats:
+        """/ Where result rows go, and how many are not delivered yet."""
+
     def __init__(
         self,
         *,
@@ -745,11 +762,56 @@ class GetStatsResponse(_message.Message):
         late_results: _builtins.int = ...,
         late_aborted: _builtins.int = ...,
         late_in_flight: _builtins.int = ...,
+        result_channel: Global___ResultChannelStats | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result_channel", b"result_channel"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class ResultChannelStats(_message.Message):
+    """/ Live figures of the result channel."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    PRODUCED_FIELD_NUMBER: _builtins.int
+    DELIVERED_FIELD_NUMBER: _builtins.int
+    DELIVERY_ERRORS_FIELD_NUMBER: _builtins.int
+    BUFFERED_FIELD_NUMBER: _builtins.int
+    UP_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """/ "files" or "kafka"."""
+    produced: _builtins.int
+    """/ Rows handed to the channel since the sidecar started."""
+    delivered: _builtins.int
+    """/ Rows readers can see: in a visible file, or acknowledged by the Kafka brokers."""
+    delivery_errors: _builtins.int
+    """/ Failed deliveries: file writes that failed (their rows are retried), Kafka
+    / deliveries that failed for good (logged with their request ids).
+    """
+    buffered: _builtins.int
+    """/ Rows handed to the channel and not delivered yet."""
+    up: _builtins.int
+    """/ Whether the destination is reachable: 1 yes, 0 no, -1 not known."""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        produced: _builtins.int = ...,
+        delivered: _builtins.int = ...,
+        delivery_errors: _builtins.int = ...,
+        buffered: _builtins.int = ...,
+        up: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered", b"buffered", "delivered", b"delivered", "delivery_errors", b"delivery_errors", "kind", b"kind", "produced", b"produced", "up", b"up"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResultChannelStats: _TypeAlias = ResultChannelStats  # noqa: Y015

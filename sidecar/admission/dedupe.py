@@ -1,4 +1,4 @@
-"""The de-duplication window: the admission decision of the most recent request ids.
+"""Admission step *dedupe*: the decision about each of the most recent request ids.
 
 A replayed request (same ``request_id``, e.g. a re-run Spark micro-batch) is
 answered with the first copy's decision and never generated or reported twice.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sidecar.admission import Ack
+from sidecar.admission.refusal import Ack
 from sidecar.contract import Priority, RefusalReason
 
 _PRIORITY_CODES = {None: 0, **{p: int(p) for p in Priority}}

@@ -21,7 +21,7 @@ def conf_dir() -> Path:
     """
     if env := os.environ.get("STS_CONF_DIR"):
         return Path(env)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     if (root / "pyproject.toml").is_file() and (root / "conf").is_dir():  # a source checkout
         return root / "conf"
     return Path(sys.prefix) / INSTALLED_CONF

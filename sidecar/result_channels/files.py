@@ -1,7 +1,8 @@
-"""The ``files`` result channel: Parquet files appended atomically to a directory.
+"""The ``files`` result channel (the embedded default): Parquet files appended
+atomically to a directory.
 
 Each flush writes one file under a hidden temporary name and renames it into
-place (:func:`sidecar.contract.write_parquet_atomically`), so a reader (Spark's
+place (:func:`sidecar.atomic_files.write_parquet_atomically`), so a reader (Spark's
 file source, Auto Loader, pyarrow) never sees a partial file. Pending results are
 flushed at least every ``flush_interval_s`` and as soon as ``max_rows_per_file``
 are pending.
@@ -23,14 +24,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from sidecar.atomic_files import write_parquet_atomically
 from sidecar.config import ResultChannelConfig
-from sidecar.contract import (
-    RESULT_SCHEMA,
-    now_ms,
-    result_file_name,
-    write_parquet_atomically,
-)
+from sidecar.contract import RESULT_SCHEMA, now_ms, result_file_name
 from sidecar.request_state import ResultRecord
+from sidecar.result_channels.base import ResultChannel, ResultChannelStats
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ _GETTERS = [operator.attrgetter(name) for name in _COLUMNS]
 _ATTRIBUTES = _COLUMNS.index("attributes")
 
 
-class ParquetResultWriter:
+class FilesResultChannel(ResultChannel):
     """Buffers :class:`ResultRecord` rows and writes them as Parquet files.
 
     Args:
@@ -48,9 +46,12 @@ class ParquetResultWriter:
         sidecar_id: Part of every file name, so several sidecars can share a directory
             (no ``/``).
 
-    Inside the event loop: ``writer.start()``, then ``writer.emit(record)`` per
-    result, and ``await writer.close()`` to write what is pending.
+    Inside the event loop: ``channel.start()``, then ``channel.emit(record)`` per
+    result, and ``await channel.close()`` to write what is pending. Unbounded: rows
+    wait in memory while a write fails (they are retried).
     """
+
+    kind = "files"
 
     def __init__(self, config: ResultChannelConfig, sidecar_id: str) -> None:
         self.config = config
@@ -66,8 +67,10 @@ class ParquetResultWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
+        self.rows_emitted = 0
         self.rows_written = 0
         self.files_written = 0
+        self.failed_writes = 0
         self.on_written: Callable[[list[ResultRecord]], None] | None = None
         """Called with the rows of each file once it is visible (tracing)."""
 
@@ -77,8 +80,9 @@ class ParquetResultWriter:
             self._task = asyncio.create_task(self._flush_loop(), name="result-writer")
 
     def emit(self, record: ResultRecord) -> None:
-        """Queue one terminal result; it is on disk within ``flush_interval_s``."""
+        """Queue one result row; it is on disk within ``flush_interval_s``."""
         self._pending.append(record)
+        self.rows_emitted += 1
         if len(self._pending) >= self.config.max_rows_per_file:
             self._wake.set()
 
@@ -96,8 +100,9 @@ class ParquetResultWriter:
                 if self.on_written is not None:
                     self.on_written(rows)
 
-    async def close(self) -> None:
-        """Stop the loop and write what is pending. Idempotent."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Stop the loop and write what is pending (a local write: ``timeout_s`` does
+        not apply). Idempotent."""
         if task := self._task:
             self._task = None
             task.cancel()
@@ -121,6 +126,7 @@ class ParquetResultWriter:
             try:
                 await self.flush()
             except Exception:  # keep flushing later; rows stay pending
+                self.failed_writes += 1
                 logger.exception("Writing results to %s failed; will retry.", self.directory)
 
     def _write_file(self, rows: list[ResultRecord]) -> None:
@@ -137,3 +143,16 @@ class ParquetResultWriter:
         self._seq += 1
         self.rows_written += len(rows)
         self.files_written += 1
+
+    def stats(self) -> ResultChannelStats:
+        return ResultChannelStats(kind=self.kind, produced=self.rows_emitted,
+                                  delivered=self.rows_written,
+                                  delivery_errors=self.failed_writes,
+                                  buffered=self.rows_emitted - self.rows_written, up=None)
+
+    @property
+    def destination(self) -> str:
+        return str(self.directory)
+
+    def summary(self) -> str:
+        return f"{self.rows_written} results in {self.files_written} files"

@@ -1,45 +1,33 @@
-"""Admission checks: turn a submitted request into a refusal reason or ``None``.
+"""Admission step *validate*: is the request well formed and within the limits?
 
-Pure functions of the request, the limits and the clock, so they are cheap and
-easy to test. Checks that need the tokenizer (prompt length in tokens) run after
-these, on the batch of requests that passed.
+Pure functions of the request, the limits and the clock, so they are cheap and easy to
+test. :func:`check_request_id` runs first (de-duplication needs the id);
+:func:`check_static` needs no tokenizer; :func:`check_prompt_tokens` runs after the
+batch of requests that passed has been tokenized. A refusal here is ``rejected``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from sidecar.admission.refusal import Refusal
 from sidecar.config import SchedulerConfig
 from sidecar.contract import RefusalReason, attributes_problem
 from sidecar.request_state import SidecarRequest
 
-
-@dataclass(slots=True)
-class Ack:
-    """The admission answer for one request (treat it as immutable; not ``frozen``, which
-    makes building one per request slower)."""
-
-    request_id: str
-    accepted: bool
-    reason: RefusalReason | None = None
-    detail: str = ""
-    duplicate: bool = False
-    received_ts: int = 0
-    fallback_text: str = ""
+_NO_ID = Refusal(RefusalReason.MISSING_REQUEST_ID, "request_id is required", row=False)
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """A refused request: machine-readable reason plus a sentence for people."""
-
-    reason: RefusalReason
-    detail: str
+def check_request_id(req: SidecarRequest) -> Refusal | None:
+    """A request without ``request_id`` is refused in its ack alone: a result row could
+    not be matched to it."""
+    return None if req.request_id else _NO_ID
 
 
 def check_static(req: SidecarRequest, cfg: SchedulerConfig, *, model_names: frozenset[str],
-                 now_ms: int) -> Refusal | None:
-    """Checks that need no tokenizer. Returns the first refusal found, or ``None``."""
+                 now: int) -> Refusal | None:
+    """Checks that need no tokenizer (``now``: epoch ms). Returns the first refusal
+    found, or ``None``."""
     if req.priority is None:
         return Refusal(RefusalReason.UNKNOWN_PRIORITY,
                        "priority must be PRIORITY_HIGH, PRIORITY_NORMAL or PRIORITY_LOW")
@@ -59,9 +47,9 @@ def check_static(req: SidecarRequest, cfg: SchedulerConfig, *, model_names: froz
                        f"model {req.model!r} is not served here (serving {sorted(model_names)})")
     if req.deadline_ts <= 0:
         return Refusal(RefusalReason.DEADLINE_PASSED, "deadline_ts is required (epoch ms)")
-    if req.deadline_ts <= now_ms:
+    if req.deadline_ts <= now:
         return Refusal(RefusalReason.DEADLINE_PASSED,
-                       f"deadline_ts={req.deadline_ts} is {now_ms - req.deadline_ts} ms in the past")
+                       f"deadline_ts={req.deadline_ts} is {now - req.deadline_ts} ms in the past")
     if req.attributes and (problem := attributes_problem(req.attributes)):
         return Refusal(RefusalReason.ATTRIBUTES_TOO_LARGE, problem)
     return None

@@ -1,0 +1,23 @@
+"""Admission: validate -> dedupe -> gate -> validate -> load -> enqueue, one module per
+step, wired by :class:`~sidecar.admission.pipeline.Admission` (read its module first)."""
+
+# From sidecar.admission.dedupe
+from sidecar.admission.dedupe import DedupeWindow
+
+# From sidecar.admission.gate
+from sidecar.admission.gate import Gate
+
+# From sidecar.admission.load
+from sidecar.admission.load import LoadCheck
+
+# From sidecar.admission.pipeline
+from sidecar.admission.pipeline import Admission
+
+# From sidecar.admission.refusal
+from sidecar.admission.refusal import Ack, Refusal
+
+# From sidecar.admission.validate
+from sidecar.admission.validate import check_prompt_tokens, check_request_id, check_static
+
+__all__ = ["Ack", "Admission", "DedupeWindow", "Gate", "LoadCheck", "Refusal",
+           "check_prompt_tokens", "check_request_id", "check_static"]

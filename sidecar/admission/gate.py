@@ -1,0 +1,96 @@
+"""Admission step *gate*: does the sidecar take work at all right now?
+
+Not while the engine is dead (``engine_unavailable``) or the sidecar drains
+(``draining``), and not when the result channel could not take the request's row
+(``results_backlog``): a bounded channel (Kafka) holds at most ``max_buffered`` rows
+that the brokers have not acknowledged, and every request that passes the gate will
+write one row, now (a refusal) or later (its result), so the gate lets a request
+through only while the channel's room, less the rows that queued and running requests
+will still write, stays above the channel's reserve. The reserve is for the refusals'
+own rows; once it is used up as well, a refusal is answered in its ack alone
+(:attr:`~sidecar.admission.refusal.Refusal.row` false).
+
+The engine and drain state are read once per batch (nothing changes them while a batch
+is admitted), and so is the channel's room; each request then takes one row of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sidecar.admission.refusal import Refusal
+from sidecar.contract import RefusalReason
+
+if TYPE_CHECKING:
+    from sidecar.engines import Engine
+    from sidecar.result_channels import ResultChannel
+
+logger = logging.getLogger(__name__)
+
+#: A refusal answered by its ack alone is logged the first time and then every this many.
+_LOG_EVERY = 1000
+
+
+class Gate:
+    """Whether the sidecar takes work, batch by batch.
+
+    Args:
+        engine: Asked whether it still serves before each batch.
+        engine_error: Why the engine can no longer serve (``None`` while it serves).
+        draining: Whether the sidecar is shutting down.
+        engine_failed: Called with the reason when the engine is found dead.
+        results: The result channel (its room is checked when it is bounded).
+        outstanding: Rows that queued and running requests will still write.
+    """
+
+    def __init__(self, engine: Engine, *, engine_error: Callable[[], str | None],
+                 draining: Callable[[], bool], engine_failed: Callable[[str], None],
+                 results: ResultChannel | None, outstanding: Callable[[], int]) -> None:
+        self.engine = engine
+        self._engine_error = engine_error
+        self._draining = draining
+        self._engine_failed = engine_failed
+        self._results = results if results is not None and results.bounded else None
+        self._reserve = self._results.reserve if self._results is not None else 0
+        self._outstanding = outstanding
+        self._closed: Refusal | None = None
+        self._free = 0
+        """Rows the channel can still take in this batch (bounded channels only)."""
+        self.rowless_refusals = 0
+        """Refusals answered by their ack alone (the channel had no room for their row)."""
+
+    def open_batch(self) -> None:
+        """Read the engine, drain and channel state for the batch about to be admitted."""
+        if self._engine_error() is None and (why := self.engine.failure()) is not None:
+            self._engine_failed(why)
+        if (error := self._engine_error()) is not None:
+            self._closed = Refusal(RefusalReason.ENGINE_UNAVAILABLE,
+                                   f"engine unavailable: {error}")
+        elif self._draining():
+            self._closed = Refusal(RefusalReason.DRAINING, "sidecar is shutting down")
+        else:
+            self._closed = None
+        if self._results is not None:
+            self._free = self._results.room() - self._outstanding()
+
+    def check(self) -> Refusal | None:
+        """The gate's answer for the next request of the batch (each request that gets
+        here writes one row, so it takes one row of the channel's room)."""
+        if self._results is None:  # unbounded: the files channel
+            return self._closed
+        free, self._free = self._free, self._free - 1
+        if self._closed is None and free > self._reserve:
+            return None
+        closed = self._closed or Refusal(
+            RefusalReason.RESULTS_BACKLOG,
+            f"the result channel holds {self._results.stats().buffered} undelivered rows "
+            f"(room for {max(free, 0)} more, {self._reserve} kept for refusals)")
+        if free > 0:
+            return closed
+        self.rowless_refusals += 1
+        if self.rowless_refusals % _LOG_EVERY == 1:
+            logger.warning("The result channel is full: %d refusals so far answered by "
+                           "their ack alone (%s).", self.rowless_refusals, closed.reason)
+        return Refusal(closed.reason, closed.detail, row=False)
