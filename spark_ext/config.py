@@ -23,6 +23,13 @@ SOURCE_FORMATS: tuple[str, ...] = get_args(SourceFormat)
 #: one Kafka topic per priority.
 ResultChannel = Literal["files", "kafka"]
 RESULT_CHANNELS: tuple[str, ...] = get_args(ResultChannel)
+#: Who writes the Delta tables (``output.writer``): Delta on Spark (the executors, by
+#: Spark's own Delta writer), delta-rs on the driver, or the first where it can.
+Writer = Literal["auto", "spark", "deltalake"]
+WRITERS: tuple[str, ...] = get_args(Writer)
+#: The pipeline's tables.
+TABLE_NAMES = ("requests", "results", "answers", "review_queue", "shadow_answers",
+               "dead_letters")
 #: Spark Kafka source options that name the topics (exactly one is needed).
 KAFKA_TOPIC_OPTIONS = ("subscribe", "subscribePattern", "assign")
 SidecarLaunch = Literal["none", "lazy"]
@@ -503,7 +510,35 @@ class OutputConfig:
     metrics_addr: str = "127.0.0.1"
     """Address of ``/metrics``."""
 
+    writer: Writer = "auto"
+    """Who writes the tables. ``spark``: Delta on Spark (``delta-spark``; Databricks has
+    it): the executors write, appends are idempotent by ``txnAppId``/``txnVersion``, the
+    answers and their backfill are one ``MERGE``, tables may be catalog names, and it is
+    the writer that runs on Spark Connect. ``deltalake``: delta-rs from the driver (paths
+    only; for a Spark without Delta's jars). ``auto``: ``spark`` where Delta's classes
+    load in the session, else ``deltalake``."""
+
+    tables: dict[str, str] = field(default_factory=dict)
+    """Catalog names to use instead of ``<out_dir>/<table>`` paths, per table, e.g.
+    ``{answers: main.support.answers}`` (writer ``spark``; created when missing)."""
+
+    storage_options: dict[str, str] = field(default_factory=dict)
+    """Object-store settings for delta-rs (``AWS_*``, ``AZURE_*``, ``GOOGLE_*`` as
+    delta-rs names them, e.g. ``AWS_ENDPOINT_URL``, ``AWS_REGION``): given to every Delta
+    read and write of the ``deltalake`` writer and to the feature table's read; the
+    standard environment variables are read as well. Spark's own writer takes its
+    object-store settings from the session (``spark.hadoop.fs.s3a.*``, ...)."""
+
     def __post_init__(self) -> None:
+        if self.writer not in WRITERS:
+            raise PipelineConfigError(f"output.writer must be one of {', '.join(WRITERS)} "
+                                      f"(got {self.writer!r})")
+        if unknown := set(self.tables) - set(TABLE_NAMES):
+            raise PipelineConfigError(f"output.tables has unknown tables {sorted(unknown)}; "
+                                      f"known: {', '.join(TABLE_NAMES)}")
+        if self.tables and self.writer == "deltalake":
+            raise PipelineConfigError("output.tables (catalog names) needs output.writer: "
+                                      "spark (delta-rs writes paths only)")
         if self.idle_poll_ms < 0:
             raise PipelineConfigError(f"output.idle_poll_ms must be >= 0 (got {self.idle_poll_ms})")
         if unknown := set(self.triggers) - set(QUERIES):

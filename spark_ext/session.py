@@ -23,8 +23,11 @@ from spark_ext.jvm_packages import DEFAULT_FEATURES, JvmFeature, session_conf
 #: JVM options of a local session: the quick (C1) JIT compiler only. The optimising
 #: one (C2) spent ~40 % of the Spark core compiling in the first minute of
 #: ``sts demo``, where Spark has one core next to the engine; C1's code is a little
-#: slower and costs a fraction to compile.
-LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+#: slower and costs a fraction to compile. Without tiered compilation the JVM reserves
+#: only 48 MB for compiled code, which Delta on Spark's MERGE filled within minutes
+#: ("CodeCache is full. Compiler has been disabled": everything then ran interpreted),
+#: so the cache gets the size tiered compilation has.
+LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def local_session(app_name: str, *, cores: int = 2,
@@ -111,6 +114,23 @@ def launch_jvm(conf: SparkConf) -> JavaGateway:
                 os.environ[key] = value
     gateway.proc = proc  # keeps the stdin pipe open for the JVM's life
     return gateway
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks the session runs at once: Spark's default parallelism (on Spark
+    Connect, which has no SparkContext here: ``spark.default.parallelism`` or the
+    shuffle partitions, else 2)."""
+    try:
+        return max(1, spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect: JVM_ATTRIBUTE_NOT_SUPPORTED
+        pass
+    for key in ("spark.default.parallelism", "spark.sql.shuffle.partitions"):
+        try:
+            if value := spark.conf.get(key, None):
+                return max(1, int(value))
+        except (ValueError, Exception):  # noqa: BLE001 - unset or not a number
+            continue
+    return 2
 
 
 def pin_python_workers() -> None:

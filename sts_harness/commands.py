@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT",
                       help="with --source kafka: your cluster (default: a local broker "
                            "the demo starts for itself)")
+    demo.add_argument("--writer", choices=["deltalake", "spark", "auto"], default="deltalake",
+                      help="output.writer: delta-rs on the driver (default: fastest on a "
+                           "small machine) or Delta on Spark")
     demo.set_defaults(func=_run_demo)
 
     validate = sub.add_parser("validate", help="rollout offline: L1-L4 over past events, "
@@ -158,7 +161,8 @@ def _run_demo(args: argparse.Namespace) -> int:
                            engine=args.engine, max_tokens=args.max_tokens,
                            overwrite=args.overwrite, l1l2=args.l1l2,
                            rollout=args.rollout, canary_share=args.canary_share,
-                           source=args.source, bootstrap_servers=args.bootstrap_servers)
+                           source=args.source, bootstrap_servers=args.bootstrap_servers,
+                           writer=args.writer)
     except ValueError as e:
         return _fail(e, "demo", 2)
     from spark_ext.exceptions import SparkStartError

@@ -164,16 +164,19 @@ def warm_up(spark: "SparkSession", config: PipelineConfig) -> None:
     workers load the embedding model (and open the knowledge base) before the first
     micro-batch: a cold worker spends tens of seconds on it, which would count against
     the first events' deadlines."""
-    n = max(1, spark.sparkContext.defaultParallelism)
+    from pyspark.sql import functions as F
+
+    from spark_ext.session import task_slots
+
+    n = task_slots(spark)
     # the rules may name columns of the events or features that this batch lacks
     config = replace(config, routing=replace(config.routing, rules=[]))
     columns = list(dict.fromkeys([config.routing.text_column,
                                   config.knowledge_base.text_column, "priority"]))
-    rows = [tuple("normal" if c == "priority" else "hello" for c in columns)] * n
-    schema = ", ".join(f"`{c}` STRING" for c in columns)
     # One row in each of n partitions (repartition(n) may leave one empty: a task that
     # opens nothing).
-    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, n), schema)
+    df = spark.range(n, numPartitions=n).select(
+        *[F.lit("normal" if c == "priority" else "hello").alias(c) for c in columns])
     out = apply_fast_path(df, config)
     # Spark pools its Python workers and hands an idle one to any Python operator of any
     # query (the results source, the submission, this UDF), so a worker that never ran

@@ -36,15 +36,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from spark_ext.l4.answers import build_answers, hour_of, hours_between
+from spark_ext.l4.answers import PARTITION, build_answers, hour_of, hours_between
 
 if TYPE_CHECKING:
     from spark_ext.tracing import AnswerSpans
 
 logger = logging.getLogger(__name__)
 
-#: Partition column of every table.
-PARTITION = "enqueue_hour"
 TABLES = ("requests", "results", "answers", "review_queue", "shadow_answers", "dead_letters")
 
 

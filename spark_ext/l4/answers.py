@@ -26,6 +26,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+#: Partition column of every table: the UTC hour of ``enqueue_ts`` (:func:`hour_of`).
+PARTITION = "enqueue_hour"
+
 #: Columns of the ``answers`` table (the event's key columns follow, as strings).
 ANSWER_SCHEMA = pa.schema([
     ("request_id", pa.string()),

@@ -92,6 +92,77 @@ class SafetyNet:
         return written
 
 
+class TableSafetyNet:
+    """The safety net for Delta on Spark (``output.writer: spark``), run where the client
+    runs (the driver; a Spark Connect client): every sweep asks the tables, with no state
+    handed over by the queries (their ``foreachBatch`` may run in another process), for
+    the accepted requests of the last ``lookback_ms`` whose deadline plus ``grace_ms`` has
+    passed and that have no answer, and merges the fallback for them into ``answers``
+    (an answer that came meanwhile wins: the MERGE inserts only what is missing, and a
+    result that comes later backfills). Reads are pruned to the recent ``enqueue_hour``
+    partitions and, by file statistics, to the recent ``deadline_ts`` values.
+
+    Args:
+        spark: The session (classic or Spark Connect).
+        tables: Where the tables are.
+        grace_ms: How long after the deadline a result may still come.
+        fallback_text: The answer for lost requests.
+        lookback_ms: How far back each sweep looks (the first sweep after a start looks
+            back ``first_lookback_ms``, to answer what a stopped pipeline left).
+    """
+
+    def __init__(self, spark, tables, *, grace_ms: int, fallback_text: str, lookback_ms: int,
+                 first_lookback_ms: int) -> None:
+        self.spark, self.tables = spark, tables
+        self.grace_ms, self.fallback_text = grace_ms, fallback_text
+        self.lookback_ms, self.first_lookback_ms = lookback_ms, first_lookback_ms
+        self.lost = 0
+        self.backlog = 0
+        self._swept = False
+
+    def unanswered(self) -> int:
+        """Accepted requests without an answer at the last sweep (the work still out)."""
+        return self.backlog
+
+    def sweep(self, now: int | None = None) -> int:
+        """Answer every accepted request that is due and still unanswered; return how many."""
+        from pyspark.sql import functions as F
+
+        from spark_ext.l4.answers import PARTITION, build_answers, hours_between
+
+        now = now if now is not None else now_ms()
+        lookback = self.lookback_ms if self._swept else self.first_lookback_ms
+        low, due_by = now - lookback, now - self.grace_ms
+        if not self.tables.exists(self.spark, "requests"):
+            self._swept = True
+            return 0
+        hours = hours_between(low - lookback, now)
+        requests = (self.tables.read(self.spark, "requests")
+                    .where(F.col(PARTITION).isin(hours) & F.col("accepted")
+                           & (F.col("deadline_ts") >= low)))
+        answered = (self.tables.read(self.spark, "answers")
+                    .where(F.col(PARTITION).isin(hours)).select("request_id"))
+        open_ = requests.join(answered, "request_id", "left_anti")
+        keep = [c for c in dict.fromkeys((*KEPT_COLUMNS, *self.tables.key_columns))
+                if c in requests.columns]
+        lost = open_.where(F.col("deadline_ts") <= due_by).select(*keep).toArrow()
+        self.backlog = open_.count()
+        self._swept = True
+        if lost.num_rows == 0:
+            return 0
+        keys = list(self.tables.key_columns)
+        rows = answers_for_lost(lost.to_pylist(), key_columns=keys,
+                                fallback_text=self.fallback_text)
+        metrics = self.tables.merge_answers(
+            self.spark.createDataFrame(build_answers(rows, keys, now)))
+        written = int(metrics.get("num_inserted_rows") or 0)
+        self.lost += written
+        if written:
+            logger.warning("Safety net: %d accepted requests had no result %d ms after their "
+                           "deadline; answered with the fallback.", written, self.grace_ms)
+        return written
+
+
 class Ticker(threading.Thread):
     """Calls ``tick()`` every ``interval_s`` until stopped; an exception is kept in
     ``error`` and ends the thread (the pipeline then stops with it)."""

@@ -43,24 +43,29 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sidecar.contract import now_ms
+from spark_ext.config import QUERIES, PipelineConfig
+from spark_ext.exceptions import PipelineFailedError
 from spark_ext.l2 import fast_path
+from spark_ext.l2.prompts import build_requests
+from spark_ext.l2.template import PromptTemplate
 from spark_ext.l4.answer_store import AnswerStore
 from spark_ext.l4.answers import (KB_IDS, answers_from_refusals, answers_from_results,
                                   fast_answers, invalid_results, reject_invalid, review_rows)
-from spark_ext.config import PipelineConfig
-from spark_ext.exceptions import PipelineFailedError
+from spark_ext.l4.counts import PipelineCounts
+from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, rollout_answers, with_arm
+from spark_ext.l4.safety_net import KEPT_COLUMNS, SafetyNet, TableSafetyNet, Ticker
+from spark_ext.l4.shadow import ShadowAnswers, shadow_mask
+from spark_ext.l4.spark_tables import SparkStore, SparkTables, choose_writer
+from spark_ext.l4.validation import AnswerValidator
+from spark_ext.pipeline.run_ids import query_run_id
+from spark_ext.pipeline.spark_batches import (PIPELINE_ATTRIBUTE, SUBMIT_COLUMN, BatchContext,
+                                              ResultBatchWriter, SubmitBatchWriter)
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag, split_dead_letters
 from spark_ext.sources.results import read_results
-from spark_ext.uris import is_local_uri, local_path
-from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, rollout_answers, with_arm
-from spark_ext.l4.safety_net import KEPT_COLUMNS, SafetyNet, Ticker
-from spark_ext.l4.shadow import ShadowAnswers, shadow_mask
 from spark_ext.submit.submission import check_sidecars, submit_requests
-from spark_ext.l2.prompts import build_requests
-from spark_ext.l2.template import PromptTemplate
 from spark_ext.tracing import answer_spans
-from spark_ext.l4.validation import AnswerValidator
+from spark_ext.uris import is_local_uri, local_path, resolve_local
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +80,13 @@ _FILESYSTEM_MANAGERS = (
     "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager",
 )
 
-#: Request attribute naming the pipeline that submitted it (echoed on its result).
-PIPELINE_ATTRIBUTE = "sts.pipeline"
-
 #: Boolean column of the routed submit query: whether the row goes to the sidecar.
-_SUBMIT_COLUMN = "_sts_submit"
+_SUBMIT_COLUMN = SUBMIT_COLUMN
+#: How far past the longest deadline plus grace each sweep of the ``spark`` writer's
+#: safety net looks back (a request whose ack lands that late is still answered).
+_SAFETY_NET_LOOKBACK_MS = 120_000
+#: The shortest interval between two sweeps of the ``spark`` writer's safety net.
+_TABLE_SWEEP_MIN_S = 2.0
 
 
 #: A line naming an exception, as Python and the JVM print them (``OSError: disk full``).
@@ -153,26 +160,39 @@ class StsPipeline:
         self.template = PromptTemplate(stable=config.template.stable,
                                        dynamic=config.template.dynamic)
         out = config.output
-        self.store = AnswerStore(out.out_dir, key_columns=config.tagging.key_columns,
-                                 ledger_horizon_s=config.answers.ledger_horizon_s)
-        self.store.tracer = answer_spans()  # L4 spans; None unless OTEL_* switch tracing on
         # Tags this pipeline's requests; stable across restarts of the same checkpoints.
         self.pipeline_id = hashlib.sha1(
-            str(Path(out.checkpoint_dir).resolve()).encode()).hexdigest()[:12]
+            resolve_local(out.checkpoint_dir, Path.cwd()).encode()).hexdigest()[:12]
+        self.run_ids: dict[str, str] = {}
+        """Query -> its run id (:mod:`spark_ext.pipeline.run_ids`), set when it starts."""
+        self.writer = choose_writer(spark, out)
+        """Who writes the tables: ``spark`` (Delta on Spark) or ``deltalake``."""
         self.validator = AnswerValidator(config.validation)
-        self.validation_failures: collections.Counter[str] = collections.Counter()
-        """Answers replaced by the fallback since start, per validation rule."""
-        self.submitted = 0
-        """Requests this pipeline submitted (ack rows of its micro-batches) since it started."""
-        self.dead_letters = 0
-        """Source records that were not events (the ``dead_letters`` table) since start."""
-        self.shadow = ShadowAnswers(self.store, horizon_s=config.answers.ledger_horizon_s)
-        """The ``shadow_answers`` table (rollout ``shadow``, :mod:`spark_ext.l4.shadow`)."""
+        self.counts = PipelineCounts()
+        """What the pipeline wrote since it started (:mod:`spark_ext.l4.counts`)."""
         self.fast_path_stats = fast_path.FastPathStats()
         """Routes and retrieval hits of L1/L2 since start (empty when both are off)."""
-        self.safety_net = SafetyNet(self.store, grace_ms=config.answers.grace_ms,
-                                    fallback_text=config.answers.fallback_text,
-                                    app_id=self._app_id("safety-net", "answers"))
+        answers_cfg = config.answers
+        if self.writer == "spark":
+            self.tables = SparkTables(out, tuple(config.tagging.key_columns))
+            self.store = SparkStore(spark, self.tables, self.counts)
+            longest = max(config.tagging.sla_ms.values()) + answers_cfg.grace_ms
+            self.safety_net = TableSafetyNet(
+                spark, self.tables, grace_ms=answers_cfg.grace_ms,
+                fallback_text=answers_cfg.fallback_text,
+                lookback_ms=longest + _SAFETY_NET_LOOKBACK_MS,
+                first_lookback_ms=int(answers_cfg.ledger_horizon_s * 1000))
+            self.shadow = None
+        else:
+            self.store = AnswerStore(out.out_dir, key_columns=config.tagging.key_columns,
+                                     ledger_horizon_s=answers_cfg.ledger_horizon_s,
+                                     storage_options=out.storage_options or None)
+            self.store.tracer = answer_spans()  # L4 spans; None unless OTEL_* switch them on
+            self.shadow = ShadowAnswers(self.store, horizon_s=answers_cfg.ledger_horizon_s)
+            """The ``shadow_answers`` table (rollout ``shadow``, :mod:`spark_ext.l4.shadow`)."""
+            self.safety_net = SafetyNet(self.store, grace_ms=answers_cfg.grace_ms,
+                                        fallback_text=answers_cfg.fallback_text,
+                                        app_id=f"sts-safety-net-{self.pipeline_id}/answers")
         self.queries: list[StreamingQuery] = []
         self.tickers: list[Ticker] = []
         self.metrics = None
@@ -192,8 +212,25 @@ class StsPipeline:
                 local_path(d).mkdir(parents=True, exist_ok=True)
 
     def _app_id(self, query: str, table: str) -> str:
-        """Delta app-transaction id: stable across restarts of the same checkpoints."""
-        return f"sts-{query}-{self.pipeline_id}/{table}"
+        """Delta app-transaction id of ``query``'s writes to ``table``: its run id,
+        stable across restarts of its checkpoint and new when the checkpoint starts over
+        (so a reset checkpoint's batch ids never collide with committed versions)."""
+        return f"sts-{query}-{self.run_ids.get(query, self.pipeline_id)}/{table}"
+
+    @property
+    def submitted(self) -> int:
+        """Requests this pipeline submitted (ack rows of its micro-batches) since start."""
+        return self.counts.submitted
+
+    @property
+    def dead_letters(self) -> int:
+        """Source records that were not events (the ``dead_letters`` table) since start."""
+        return self.counts.dead_letters
+
+    @property
+    def validation_failures(self) -> collections.Counter:
+        """Answers replaced by the fallback since start, per validation rule."""
+        return self.counts.validation_failures
 
     # -------------------------------------------------------------- DataFrames
 
@@ -231,7 +268,7 @@ class StsPipeline:
     def _record_acks(self, table: pa.Table, batch_id: int, *, answers: list[dict]) -> None:
         """Answers first (``answers`` plus a fallback for every refusal, one Delta
         commit), then the ``requests`` table; the accepted requests go to the safety net."""
-        self.submitted += table.num_rows
+        self.counts.submitted += table.num_rows
         answers_cfg = self.config.answers
         refusals = table
         if table.num_rows and ARM_COLUMN in table.column_names:  # shadow: answered (rule)
@@ -313,7 +350,7 @@ class StsPipeline:
         if self.store.append("dead_letters", dead, app_id=self._app_id("submit", "dead-letters"),
                              version=batch_id):
             before = self.dead_letters
-            self.dead_letters += dead.num_rows
+            self.counts.dead_letters += dead.num_rows
             if before < 10 or before // 1000 != self.dead_letters // 1000:
                 first = dead.slice(0, 1).to_pylist()[0]
                 logger.warning("Dead letters: %d record(s) are not events (%s, offset %s: %s); "
@@ -354,7 +391,7 @@ class StsPipeline:
         self.store.append("results", table, app_id=self._app_id("answers", "results"),
                           version=batch_id)
         if invalid:  # a person looks at them; a late invalid answer never backfills
-            self.validation_failures.update(invalid.values())
+            self.counts.validation_failures.update(invalid.values())
             logger.warning("Output validation: %d answers replaced by the fallback (%s).",
                            len(invalid), dict(collections.Counter(invalid.values())))
             self.store.append("review_queue", review_rows(
@@ -395,12 +432,19 @@ class StsPipeline:
     def start(self, *, events: DataFrame | None = None) -> list[StreamingQuery]:
         """Start the queries and the tickers (``events`` overrides the configured source).
 
-        First the ledger of recent answers and the safety net are refilled from the
-        tables, so a restart neither answers twice nor forgets a request.
+        With the ``deltalake`` writer, first the ledger of recent answers and the safety
+        net are refilled from the tables, so a restart neither answers twice nor forgets
+        a request; the ``spark`` writer keeps no such state (its MERGE and its safety net
+        ask the tables).
         """
-        self.store.load_ledger()
-        self.shadow.load()
-        self.safety_net.watch(self.store.unanswered_requests())
+        for query in QUERIES:
+            self.run_ids[query] = query_run_id(self.spark, self.config.output.checkpoint(query))
+        if self.writer == "spark":
+            self.tables.create_answer_tables(self.spark)
+        else:
+            self.store.load_ledger()
+            self.shadow.load()
+            self.safety_net.watch(self.store.unanswered_requests())
         if self.config.sidecar.check_at_start:
             self.check_sidecars()
         if (port := self.config.output.metrics_port) is not None:
@@ -411,35 +455,73 @@ class StsPipeline:
             self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
             logger.info("Spark-side metrics on http://%s:%d/metrics",
                         self.config.output.metrics_addr, self.metrics_port)
+        submit_write, results_write = self._batch_writers()
         # The answers query first: its results source starts a Python worker that must
         # connect back within Spark's fixed timeout, which L1/L2's start (model loads in
         # every worker) can exceed on a busy machine.
-        answers = self._start(self.results(), "answers", self._write_results)
+        answers = self._start(self.results(), "answers", results_write)
         try:
             _await_sources(answers)
-            if (fast_path.enabled(self.config) or self.config.rollout.mode != "full"
-                    or self.source.has_dead_letters):
+            if self._routed():
                 if fast_path.enabled(self.config):
                     fast_path.warm_up(self.spark, self.config)
                 self._warm_up_plan()
-                submit = self._start(self._routed_acks(events), "submit", self._write_routed)
+                submit = self._start(self._routed_acks(events), "submit", submit_write)
             else:
-                submit = self._start(self.acks(events), "submit", self._write_submitted)
+                submit = self._start(self.acks(events), "submit", submit_write)
         except BaseException:
             answers.stop()
             raise
         self.queries = [submit, answers]
-        maintenance = self.config.maintenance
         self.tickers = [
-            Ticker("sts-safety-net", self.config.answers.safety_net_interval_s,
-                   self.safety_net.sweep),
-            Ticker("sts-maintenance", maintenance.interval_s, lambda: self.store.maintain(
-                vacuum_retention_hours=maintenance.vacuum_retention_hours)),
+            Ticker("sts-safety-net", self._safety_net_interval_s(), self.safety_net.sweep),
+            Ticker("sts-maintenance", self.config.maintenance.interval_s, self._maintain),
             Ticker("sts-health", 0.5, self._watch_health),
         ]
         for t in self.tickers:
             t.start()
         return self.queries
+
+    def _routed(self) -> bool:
+        """Whether the submit query passes some rows through unsent (L1/L2 answers them,
+        a rollout mode holds them, or the source has dead letters)."""
+        return (fast_path.enabled(self.config) or self.config.rollout.mode != "full"
+                or self.source.has_dead_letters)
+
+    def _batch_writers(self):
+        """The ``foreachBatch`` functions of the submit and answers queries: with the
+        ``spark`` writer plain objects that carry configuration only (they may run in
+        Spark Connect's server), with ``deltalake`` this pipeline's own methods."""
+        if self.writer != "spark":
+            return (self._write_routed if self._routed() else self._write_submitted,
+                    self._write_results)
+        answers = self.config.answers
+        ctx = BatchContext(
+            tables=self.tables, pipeline_id=self.pipeline_id,
+            app_ids={q: f"sts-{q}-{run}" for q, run in self.run_ids.items()},
+            fallback_text=answers.fallback_text, rule_text=self.config.routing.rule_text,
+            rollout_mode=self.config.rollout.mode, validation=self.config.validation,
+            counts=self.counts,
+            fast_path_stats=self.fast_path_stats if fast_path.enabled(self.config) else None)
+        return SubmitBatchWriter(ctx), ResultBatchWriter(ctx)
+
+    def _safety_net_interval_s(self) -> float:
+        """``answers.safety_net_interval_s``; with the ``spark`` writer each sweep is a
+        Spark query, so at least :data:`_TABLE_SWEEP_MIN_S`."""
+        interval = self.config.answers.safety_net_interval_s
+        return max(interval, _TABLE_SWEEP_MIN_S) if self.writer == "spark" else interval
+
+    def _maintain(self) -> None:
+        maintenance = self.config.maintenance
+        if self.writer == "spark":
+            from spark_ext.config import TABLE_NAMES
+            from spark_ext.l4.answers import hours_between
+
+            now = now_ms()
+            self.tables.maintain(self.spark, TABLE_NAMES, hours_between(now - 3_600_000, now),
+                                 vacuum_retention_hours=maintenance.vacuum_retention_hours)
+        else:
+            self.store.maintain(vacuum_retention_hours=maintenance.vacuum_retention_hours)
 
     def _warm_up_plan(self) -> None:
         """Run the submit query's request plan once over one all-null event read the way
@@ -538,6 +620,9 @@ class StsPipeline:
         self._stopping.set()
         for t in self.tickers:
             t.stop()
+        for t in self.tickers:  # a sweep under way ends before the queries and Spark do
+            if t is not threading.current_thread():
+                t.join(timeout=60)
         for q in self.queries:
             try:
                 q.stop()

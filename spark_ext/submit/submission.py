@@ -276,7 +276,9 @@ def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
     Returns:
         One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``.
     """
-    n = tasks or spark.sparkContext.defaultParallelism
+    from spark_ext.session import task_slots
+
+    n = tasks or task_slots(spark)
     df = spark.range(n, numPartitions=n)
     config = for_tasks(config)
     return (df.mapInArrow(lambda it: _check_partition(it, config),

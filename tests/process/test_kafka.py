@@ -57,7 +57,8 @@ def _config(tmp: Path, bootstrap: str, topic: str, endpoint: str, **sections) ->
                     "sla_ms": {"high": 30_000, "normal": 40_000, "low": 50_000}},
         "sidecar": {"endpoint": endpoint, "results_dir": str(tmp / "results"), "timeout_s": 3.0},
         "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
-        "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt")},
+        "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
+                   "writer": "deltalake"},
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)

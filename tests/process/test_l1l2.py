@@ -295,7 +295,8 @@ def test_pipeline_answers_rule_drop_and_kb_at_once_and_submits_only_llm(
                         "sla_ms": {"high": 60_000, "normal": 60_000, "low": 60_000}},
             "template": {"dynamic": "{kb_context}Ticket: {text}"},
             "sidecar": {"endpoint": sidecar.target, "results_dir": str(results)},
-            "output": {"out_dir": str(tmp_path / "out"), "checkpoint_dir": str(tmp_path / "ck")},
+            "output": {"out_dir": str(tmp_path / "out"), "checkpoint_dir": str(tmp_path / "ck"),
+                       "writer": "deltalake"},
             "routing": {"enabled": True, "model_file": str(router_file)},
             "knowledge_base": {"enabled": True, "uri": kb.uri},
         })

@@ -180,7 +180,7 @@ def loaded(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNa
                         "timeout_s": 3.0, "check_at_start": False},
             "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
             "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
-                       "metrics_port": driver_port},
+                       "metrics_port": driver_port, "writer": "deltalake"},
         })
         pipeline = StsPipeline(spark, cfg)
         stack.callback(pipeline.stop)

@@ -42,7 +42,8 @@ def _config(tmp: Path, endpoint: str, results_dir: str, **sections) -> PipelineC
                     "sla_ms": {"high": 20_000, "normal": 30_000, "low": 40_000}},
         "sidecar": {"endpoint": endpoint, "results_dir": results_dir, "timeout_s": 3.0},
         "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
-        "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt")},
+        "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
+                   "writer": "deltalake"},
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
@@ -108,7 +109,7 @@ def test_plan_warm_up_writes_no_table_and_a_failure_is_only_logged(
             "source": {"path": str(tmp_path / name / "events"), "options": options},
             "sidecar": {"endpoint": "127.0.0.1:9", "results_dir": str(tmp_path / "results")},
             "output": {"out_dir": str(tmp_path / name / "out"),
-                       "checkpoint_dir": str(tmp_path / name / "ck")},
+                       "checkpoint_dir": str(tmp_path / name / "ck"), "writer": "deltalake"},
             "rollout": {"mode": "canary"}}))
 
     mine = tmp_path / "good" / "ck" / "plan-warm-up" / "mine.txt"  # not the pipeline's

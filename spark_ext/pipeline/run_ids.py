@@ -1,0 +1,43 @@
+"""Run identities: what the Delta transaction ids of a query's writes are named after.
+
+A ``foreachBatch`` write is made idempotent by Delta's app transaction
+(``txnAppId`` = the query and table, ``txnVersion`` = the batch id). Batch ids restart at
+0 whenever a query's checkpoint starts over (deleted, moved, emptied): with an app id
+derived from the checkpoint's path, the writes of the new batches 0, 1, ... would be
+skipped as "already committed" and their events answered by the safety net's fallback.
+So the app id names a *run* of the checkpoint instead: a random id kept in the
+checkpoint (``<checkpoint>/sts-run-id``) while it holds offsets, and a new one whenever
+it has none. Restarts from the same checkpoint keep their id (replays are skipped, as
+they must be); a reset checkpoint with the tables kept is a new run and writes again.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from pyspark.sql import SparkSession
+
+from spark_ext import storage
+from spark_ext.uris import join_uri
+
+logger = logging.getLogger(__name__)
+
+#: Where a query's run id is kept, inside its checkpoint.
+RUN_ID_NAME = "sts-run-id"
+
+
+def query_run_id(spark: SparkSession, checkpoint: str) -> str:
+    """The run id of the query checkpointed at ``checkpoint``: the one kept there while
+    the checkpoint has offsets, else a new one (kept there from now on)."""
+    marker = join_uri(checkpoint, RUN_ID_NAME)
+    kept = storage.read_text(spark, marker)
+    if kept and storage.has_files(spark, join_uri(checkpoint, "offsets")):
+        return kept
+    run = uuid.uuid4().hex[:16]
+    if kept:
+        logger.warning("Checkpoint %s has no offsets: its batch ids start again at 0, so it "
+                       "runs as a new run (%s, was %s); the tables are kept and nothing the "
+                       "new batches write is skipped.", checkpoint, run, kept)
+    storage.write_text(spark, marker, run)
+    return run
