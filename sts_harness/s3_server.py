@@ -1,5 +1,8 @@
 """A local S3-compatible server for the tests: moto's S3 (``moto[server]``, PyPI) in a
-thread of this process, on a free loopback port, with one bucket.
+process of its own (``python -m moto.server``), on a free loopback port, with one bucket.
+Its own process, not a thread of the tests': delta-rs calls that hold the GIL while they
+wait on the network would otherwise wait on a server that cannot run (seen: a listing
+that timed out after 3 minutes).
 
 Why moto: it installs from PyPI with no binary download, starts in a fraction of a
 second, and serves what both clients here need: delta-rs (``deltalake`` 1.x commits
@@ -19,7 +22,9 @@ and the AWS standard environment variables (:attr:`S3Server.environment`).
 
 from __future__ import annotations
 
-import logging
+import subprocess
+import sys
+import time
 from typing import Any
 
 #: moto accepts any credentials; these are what the clients are given.
@@ -121,35 +126,48 @@ class S3Server:
                                                                  Prefix=prefix)
                       for obj in page.get("Contents", []))
 
-    def start(self) -> "S3Server":
+    def start(self, timeout_s: float = 60.0) -> "S3Server":
         """Start the server and create the bucket.
 
         Raises:
             S3ServerError: moto (``moto[server]``) is missing or its server did not start.
         """
-        try:
-            from moto.server import ThreadedMotoServer
-        except ImportError as e:
+        import importlib.util
+
+        from sts_harness.process import free_port
+
+        if importlib.util.find_spec("moto") is None:
             raise S3ServerError("the S3 test server needs moto[server] "
-                                "(pip install 'moto[server]')") from e
-        # werkzeug logs every request at INFO on stderr
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self._port,
-                                          verbose=False)
-        try:
-            self._server.start()
-            self.port = int(self._server.get_host_and_port()[1])
-            self.client().create_bucket(Bucket=self.bucket)
-        except Exception as e:
-            self.stop()
-            raise S3ServerError(f"the S3 test server (moto) did not start: {e}") from e
-        return self
+                                "(pip install 'moto[server]')")
+        self.port = self._port or free_port()
+        self._server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._server.poll() is not None:
+                err = (self._server.stderr.read() or b"").decode(errors="replace").strip()
+                self._server = None
+                raise S3ServerError(f"the S3 test server (moto) exited: {err[-300:]}")
+            try:
+                self.client().create_bucket(Bucket=self.bucket)
+                return self
+            except Exception as e:  # noqa: BLE001 - not serving yet
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise S3ServerError(f"the S3 test server (moto) did not start: {e}") from e
+                time.sleep(0.2)
 
     def stop(self) -> None:
         """Stop the server (its objects are gone). Idempotent."""
         if self._server is not None:
             try:
-                self._server.stop()
+                self._server.terminate()
+                try:
+                    self._server.wait(10)
+                except subprocess.TimeoutExpired:
+                    self._server.kill()
+                    self._server.wait()
             finally:
                 self._server = None
 

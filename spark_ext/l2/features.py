@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def read_features(config: FeaturesConfig) -> "pa.Table":
-    """The feature table's ``key`` and feature columns, checked.
+def read_features(config: FeaturesConfig, storage_options: dict[str, str] | None = None
+                  ) -> "pa.Table":
+    """The feature table's ``key`` and feature columns, checked (``storage_options``:
+    delta-rs's object-store settings, ``output.storage_options``).
 
     Raises:
         PipelineConfigError: No Delta table at ``config.table``, a named column is
@@ -45,7 +47,8 @@ def read_features(config: FeaturesConfig) -> "pa.Table":
     from deltalake import DeltaTable
 
     try:
-        table = DeltaTable(config.table).to_pyarrow_table()
+        table = DeltaTable(config.table, storage_options=storage_options or None) \
+            .to_pyarrow_table()
     except Exception as e:  # deltalake raises TableNotFoundError, OSError, ...
         raise PipelineConfigError(f"features.table: no readable Delta table at "
                                   f"{config.table} ({type(e).__name__})") from None
@@ -61,8 +64,8 @@ def read_features(config: FeaturesConfig) -> "pa.Table":
     return table
 
 
-def join_features(events: "DataFrame", config: FeaturesConfig, spark: "SparkSession"
-                  ) -> "DataFrame":
+def join_features(events: "DataFrame", config: FeaturesConfig, spark: "SparkSession",
+                  storage_options: dict[str, str] | None = None) -> "DataFrame":
     """``events`` left-joined with the feature table on ``config.key`` (see the module
     docstring).
 
@@ -75,7 +78,7 @@ def join_features(events: "DataFrame", config: FeaturesConfig, spark: "SparkSess
     if config.key not in events.columns:
         raise PipelineConfigError(f"features.key={config.key!r} is not a column of the events "
                                   f"({events.columns}); add it to source.schema")
-    table = read_features(config)
+    table = read_features(config, storage_options)
     features = [c for c in table.column_names if c != config.key]
     if clash := sorted(set(features) & set(events.columns)):
         raise PipelineConfigError(f"features: columns {clash} of {config.table} are already "

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from spark_ext.l4.answers import PARTITION, build_answers, hour_of, hours_between
+from spark_ext.uris import is_local_uri, join_uri
 
 if TYPE_CHECKING:
     from spark_ext.tracing import AnswerSpans
@@ -158,7 +159,9 @@ class AnswerStore:
     # ----------------------------------------------------------------- tables
 
     def path(self, name: str) -> str:
-        return str(Path(self.out_dir) / name)
+        """Table ``name``'s location under ``out_dir`` (a path or a URI, joined as a
+        string: ``s3://b/sts`` -> ``s3://b/sts/answers``)."""
+        return join_uri(self.out_dir, name)
 
     def exists(self, name: str) -> bool:
         return DeltaTable.is_deltatable(self.path(name), storage_options=self.storage_options)
@@ -213,6 +216,11 @@ class AnswerStore:
         if not self.exists(name):
             return pa.table({})
         dt = self._table(name)
+        if not is_local_uri(self.out_dir):  # delta-rs's own file system, with the options
+            dataset = dt.to_pyarrow_dataset(
+                partitions=[(PARTITION, "in", hours)] if hours else None)
+            table = _views_to_strings(dataset.to_table(columns=columns))
+            return table.filter(pq.filters_to_expression(filters)) if filters else table
         files = (dt.file_uris(file_pruning_predicate=[(PARTITION, "in", hours)]) if hours
                  else dt.file_uris())
         if not files:

@@ -242,7 +242,8 @@ class StsPipeline:
         if self.config.features.enabled:  # stream-static join, before the L1 rules
             from spark_ext.l2.features import join_features
 
-            events = join_features(events, self.config.features, self.spark)
+            events = join_features(events, self.config.features, self.spark,
+                                   self.config.output.storage_options)
         if fast_path.enabled(self.config):  # L1 routing / L2 retrieval: adds `route`
             events = fast_path.apply_fast_path(events, self.config)
         requests = build_requests(events, self.config.tagging, self.template)
@@ -418,8 +419,12 @@ class StsPipeline:
                 manager := local_checkpoint_manager(self.spark)):
             confs[_CHECKPOINT_MANAGER] = manager
         previous = {k: self.spark.conf.get(k, None) for k in confs}
-        for k, v in confs.items():
-            self.spark.conf.set(k, v)
+        for k, v in list(confs.items()):
+            try:
+                self.spark.conf.set(k, v)
+            except Exception as e:  # noqa: BLE001 - a server (Connect) that keeps its own
+                logger.info("Keeping the session's %s (%s).", k, one_line_reason(e))
+                del previous[k]
         try:
             return writer.start()
         finally:
