@@ -29,9 +29,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from sidecar import write_text_atomically
 from spark_ext.config import PipelineConfig
 from spark_ext.pipeline.sts_pipeline import StsPipeline
+from sts_harness.replay import KafkaTopicSink
 from tests.utils import REPO, RemoteSidecar, free_port, require_tool, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -156,7 +156,8 @@ def _events() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def loaded(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+def loaded(spark, kafka_broker, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[SimpleNamespace]:
     require_tool("prometheus", "Debian's prometheus package")
     tmp = tmp_path_factory.mktemp("monitoring")
     sidecar_port, driver_port = free_port(), free_port()
@@ -171,9 +172,12 @@ def loaded(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNa
                 "--set", "engine.simulated.step_base_ms=100",
                 "--set", "results.flush_interval_s=0.05",
                 "--metrics-port", str(sidecar_port)], log_path=tmp / "sidecar.log"))
+        topic = f"monitored-{os.getpid()}"  # events on Kafka: the lag panel has series too
         cfg = PipelineConfig.from_dict({
-            "source": {"path": str(tmp / "events"), "schema": "event_id STRING, text STRING, "
-                       "priority STRING, event_ts LONG, budget INT"},
+            "source": {"format": "kafka", "schema": "event_id STRING, text STRING, "
+                       "priority STRING, event_ts LONG, budget INT",
+                       "options": {"subscribe": topic, "startingOffsets": "earliest"}},
+            "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers},
             "tagging": {"event_time_ms": None, "max_tokens": 2000, "max_tokens_column": "budget",
                         "sla_ms": {"high": 60_000, "normal": 60_000, "low": 60_000}},
             "sidecar": {"endpoint": sidecar.target, "results_dir": str(sidecar.results_dir),
@@ -191,8 +195,9 @@ def loaded(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNa
         wait_until(lambda: sorted(float(s["value"][1]) for s in prometheus.query("up")) == [1, 1],
                    30, 0.2, what="both targets scraped")
         events = _events()
-        write_text_atomically(tmp / "events" / "tickets.json",
-                              "".join(json.dumps(e) + "\n" for e in events))
+        sink = KafkaTopicSink(kafka_broker.bootstrap_servers, topic)
+        sink(0, 0, events)
+        sink.close()
         deadline = time.monotonic() + 90
         while pipeline.store.stats.answers_written < len(events):
             assert time.monotonic() < deadline, "the pipeline did not answer every ticket"
