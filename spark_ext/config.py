@@ -317,7 +317,14 @@ class AnswersConfig:
     backfill late results; also how far back a restart looks for unanswered requests."""
 
     safety_net_interval_s: float = 0.5
-    """How often the safety net looks for requests past ``deadline + grace``."""
+    """How often the safety net looks for requests past ``deadline + grace`` (with the
+    ``spark`` writer each look is a Spark query: at least every 2 s)."""
+
+    topic: str | None = None
+    """Publish every answer row (new answers and backfills) to this Kafka topic for
+    downstream services, keyed by the event's key, exactly once per row across restarts
+    (a third query, ``sts-publish``, reads the answers' change feed; needs Delta on Spark
+    and the ``kafka`` section's cluster). ``None``: no topic."""
 
     def __post_init__(self) -> None:
         if self.grace_ms < 0:
@@ -480,7 +487,7 @@ class FeaturesConfig:
 
 
 #: Queries with their own trigger (``output.triggers``).
-QUERIES: tuple[str, ...] = ("submit", "answers")
+QUERIES: tuple[str, ...] = ("submit", "answers", "publish")
 
 
 @dataclass
@@ -688,7 +695,8 @@ class PipelineConfig:
         Raises:
             PipelineConfigError: the settings contradict each other.
         """
-        uses_kafka = self.source.format == "kafka" or self.sidecar.result_channel == "kafka"
+        uses_kafka = (self.source.format == "kafka" or self.sidecar.result_channel == "kafka"
+                      or self.answers.topic is not None)
         if uses_kafka and not self.kafka.spark_options().get("kafka.bootstrap.servers") \
                 and not self.source.options.get("kafka.bootstrap.servers"):
             raise PipelineConfigError("kafka.bootstrap_servers is needed: the source or the "
@@ -698,6 +706,10 @@ class PipelineConfig:
         if clash := sorted(events & set(self.result_topics())):
             raise PipelineConfigError(f"tagging.callback_topic sends results to the events "
                                       f"topic {clash[0]!r}: give results their own topics")
+        if self.answers.topic is not None and self.answers.topic in events | set(
+                self.result_topics()):
+            raise PipelineConfigError(f"answers.topic {self.answers.topic!r} is also an events "
+                                      "or results topic: give answers their own topic")
 
     def result_topics(self) -> list[str]:
         """The topics ``tagging.callback_topic`` names, one per priority.

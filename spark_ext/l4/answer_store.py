@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from spark_ext.l4.answers import PARTITION, build_answers, hour_of, hours_between
+from spark_ext.l4.answers import PARTITION, answer_schema, build_answers, hour_of, hours_between
 from spark_ext.uris import is_local_uri, join_uri
 
 if TYPE_CHECKING:
@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TABLES = ("requests", "results", "answers", "review_queue", "shadow_answers", "dead_letters")
+#: Table properties of ``answers`` (both writers): the change data feed, which the
+#: answers topic reads.
+ANSWER_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
 
 
 def _views_to_strings(table: pa.Table) -> pa.Table:
@@ -176,6 +179,16 @@ class AnswerStore:
         else:
             dt.update_incremental()
         return dt
+
+    def create_answers_table(self) -> None:
+        """Create ``answers`` (empty, its documented columns, partitioned, the change
+        data feed on: the answers topic reads it) unless it exists."""
+        if self.exists("answers"):
+            return
+        schema = answer_schema(self.key_columns)
+        write_deltalake(self.path("answers"), schema.empty_table(), mode="append",
+                        partition_by=[PARTITION], storage_options=self.storage_options,
+                        configuration=dict(ANSWER_TABLE_CONFIGURATION))
 
     def append(self, name: str, rows: pa.Table, *, app_id: str, version: int) -> bool:
         """Append ``rows`` to table ``name`` once per ``(app_id, version)``.

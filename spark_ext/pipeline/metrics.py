@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pyspark.sql.streaming import StreamingQueryListener
 
+from spark_ext.config import QUERIES
 from spark_ext.sources.kafka import kafka_lag
 
 _PREFIX = "sts_spark"
@@ -86,7 +87,7 @@ class PipelineMetrics(StreamingQueryListener):
     def __init__(self, pipeline: Any, registry: CollectorRegistry | None = None
                  ) -> None:
         self.registry = registry or CollectorRegistry()
-        self.queries = {f"sts-{q}" for q in ("submit", "answers")}
+        self.queries = {f"sts-{q}" for q in QUERIES}
         labels = ["query"]
         self.input_rate = Gauge(f"{_PREFIX}_input_rows_per_second",
                                 "Input rows/s of the last micro-batch.", labels,

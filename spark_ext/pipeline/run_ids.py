@@ -30,14 +30,23 @@ RUN_ID_NAME = "sts-run-id"
 def query_run_id(spark: SparkSession, checkpoint: str) -> str:
     """The run id of the query checkpointed at ``checkpoint``: the one kept there while
     the checkpoint has offsets, else a new one (kept there from now on)."""
+    return _run_id(spark, checkpoint)[0]
+
+
+def is_new_checkpoint(spark: SparkSession, checkpoint: str) -> bool:
+    """Whether the query at ``checkpoint`` starts from nothing (no offsets yet)."""
+    return not storage.has_files(spark, join_uri(checkpoint, "offsets"))
+
+
+def _run_id(spark: SparkSession, checkpoint: str) -> tuple[str, bool]:
     marker = join_uri(checkpoint, RUN_ID_NAME)
     kept = storage.read_text(spark, marker)
-    if kept and storage.has_files(spark, join_uri(checkpoint, "offsets")):
-        return kept
+    if kept and not is_new_checkpoint(spark, checkpoint):
+        return kept, False
     run = uuid.uuid4().hex[:16]
     if kept:
         logger.warning("Checkpoint %s has no offsets: its batch ids start again at 0, so it "
                        "runs as a new run (%s, was %s); the tables are kept and nothing the "
                        "new batches write is skipped.", checkpoint, run, kept)
     storage.write_text(spark, marker, run)
-    return run
+    return run, True

@@ -44,7 +44,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sidecar.contract import now_ms
 from spark_ext.config import QUERIES, PipelineConfig
-from spark_ext.exceptions import PipelineFailedError
+from spark_ext.exceptions import PipelineConfigError, PipelineFailedError
 from spark_ext.l2 import fast_path
 from spark_ext.l2.prompts import build_requests
 from spark_ext.l2.template import PromptTemplate
@@ -57,7 +57,7 @@ from spark_ext.l4.safety_net import KEPT_COLUMNS, SafetyNet, TableSafetyNet, Tic
 from spark_ext.l4.shadow import ShadowAnswers, shadow_mask
 from spark_ext.l4.spark_tables import SparkStore, SparkTables, choose_writer
 from spark_ext.l4.validation import AnswerValidator
-from spark_ext.pipeline.run_ids import query_run_id
+from spark_ext.pipeline.run_ids import is_new_checkpoint, query_run_id
 from spark_ext.pipeline.spark_batches import (PIPELINE_ATTRIBUTE, SUBMIT_COLUMN, BatchContext,
                                               ResultBatchWriter, SubmitBatchWriter)
 from spark_ext.sources.events import event_source
@@ -442,12 +442,16 @@ class StsPipeline:
         a request; the ``spark`` writer keeps no such state (its MERGE and its safety net
         ask the tables).
         """
-        for query in QUERIES:
+        publish = self.config.answers.topic is not None
+        for query in QUERIES if publish else ("submit", "answers"):
             self.run_ids[query] = query_run_id(self.spark, self.config.output.checkpoint(query))
         if self.writer == "spark":
             self.tables.create_answer_tables(self.spark)
         else:
+            self.store.create_answers_table()
             self.store.load_ledger()
+        if publish:  # the last version written before this start
+            self._answers_version = self._table_version("answers")
             self.shadow.load()
             self.safety_net.watch(self.store.unanswered_requests())
         if self.config.sidecar.check_at_start:
@@ -478,6 +482,13 @@ class StsPipeline:
             answers.stop()
             raise
         self.queries = [submit, answers]
+        if publish:
+            try:
+                self.queries.append(self._start_publisher())
+            except BaseException:
+                for q in self.queries:
+                    q.stop()
+                raise
         self.tickers = [
             Ticker("sts-safety-net", self._safety_net_interval_s(), self.safety_net.sweep),
             Ticker("sts-maintenance", self.config.maintenance.interval_s, self._maintain),
@@ -486,6 +497,39 @@ class StsPipeline:
         for t in self.tickers:
             t.start()
         return self.queries
+
+    def _start_publisher(self) -> StreamingQuery:
+        """``sts-publish``: the answers' change feed -> the answers topic
+        (:mod:`spark_ext.l4.answers_topic`); needs Delta on Spark to read the feed."""
+        from spark_ext.l4.answers_topic import AnswerPublisher
+        from spark_ext.l4.spark_tables import SparkTables, delta_on_spark
+
+        if not delta_on_spark(self.spark):
+            raise PipelineConfigError("answers.topic needs Delta on Spark (delta-spark) to "
+                                      "read the answers' change feed")
+        tables = SparkTables(self.config.output, tuple(self.config.tagging.key_columns))
+        # A new checkpoint starts at the table's current version, published from the
+        # next one on (Delta refuses a starting version past the latest); a checkpoint
+        # that exists resumes from its own offsets.
+        skip_through = None
+        if is_new_checkpoint(self.spark, self.config.output.checkpoint("publish")):
+            skip_through = self._answers_version
+        reader = (self.spark.readStream.format("delta").option("readChangeFeed", "true")
+                  .option("startingVersion", str(self._answers_version)))
+        changes = (reader.table(tables.location("answers")) if tables.by_name("answers")
+                   else reader.load(tables.location("answers")))
+        publisher = AnswerPublisher(
+            topic=self.config.answers.topic, producer_config=self.config.kafka.producer_config(),
+            run_id=self.run_ids["publish"], key_columns=tuple(self.config.tagging.key_columns),
+            skip_through=skip_through)
+        self._publisher = publisher  # closed when the pipeline stops (classic sessions)
+        return self._start(changes, "publish", publisher)
+
+    def _table_version(self, name: str) -> int:
+        """The latest version of table ``name`` (Delta's history, through Spark)."""
+        tables = SparkTables(self.config.output, tuple(self.config.tagging.key_columns))
+        return int(self.spark.sql(f"DESCRIBE HISTORY {tables.ref(name)} LIMIT 1")
+                   .collect()[0]["version"])
 
     def _routed(self) -> bool:
         """Whether the submit query passes some rows through unsent (L1/L2 answers them,
@@ -633,6 +677,8 @@ class StsPipeline:
                 q.stop()
             except Exception:  # stopping a failed query may raise again
                 logger.debug("Stopping %s raised.", q.name, exc_info=True)
+        if (publisher := getattr(self, "_publisher", None)) is not None:
+            publisher.close()
         if self.store.tracer is not None:
             self.store.tracer.flush()
         if self.metrics is not None:

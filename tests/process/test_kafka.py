@@ -152,3 +152,79 @@ def test_a_broker_killed_for_ten_seconds_loses_no_event(spark, kafka_broker,
                 kafka_broker.start()  # the broker is shared by the session
             pipeline.stop()
     assert set(answers) == {f"before-{i}" for i in range(6)} | {f"during-{i}" for i in range(6)}
+
+
+def _records(bootstrap: str, topic: str, n: int, timeout_s: float = 60.0) -> list:
+    """Read committed records of ``topic`` from the start until ``n`` came (or the timeout);
+    then a little longer, to see any extra one."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                         "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    records, deadline, settle = [], time.monotonic() + timeout_s, None
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                records.append(msg)
+            if len(records) >= n and settle is None:
+                settle = time.monotonic() + 3.0  # any duplicate would follow right after
+            if settle is not None and time.monotonic() > settle:
+                break
+    finally:
+        consumer.close()
+    return records
+
+
+def test_a_replayed_publish_batch_puts_nothing_on_the_topic(kafka_broker) -> None:
+    """The publisher's transaction commits its records and a marker of the batch id
+    together: the same micro-batch published again (a replay after a crash) adds no
+    record; the next one does."""
+    from spark_ext.l4.answers_topic import AnswerPublisher
+
+    topic = _topic("answers-replay")
+    publisher = AnswerPublisher(topic, {"bootstrap.servers": kafka_broker.bootstrap_servers},
+                                run_id=uuid.uuid4().hex[:8], key_columns=("event_id",))
+    rows = [{"event_id": f"e{i}", "answer": "hi", "answer_source": "llm"} for i in range(3)]
+    assert publisher.publish(rows, batch_id=0) == 3
+    assert publisher.publish(rows, batch_id=0) == 0  # the replay
+    again = AnswerPublisher(topic, {"bootstrap.servers": kafka_broker.bootstrap_servers},
+                            run_id=publisher.run_id, key_columns=("event_id",))
+    assert again.publish(rows, batch_id=0) == 0  # a restarted process, same run
+    assert again.publish([{"event_id": "e9", "answer": "ok"}], batch_id=1) == 1
+    publisher.close()
+    again.close()
+    records = _records(kafka_broker.bootstrap_servers, topic, 4)
+    assert sorted(m.key() for m in records) == [b"e0", b"e1", b"e2", b"e9"]
+
+
+def test_the_answers_topic_has_one_record_per_event_after_a_restart(
+        spark, kafka_broker, tmp_path: Path) -> None:
+    """``answers.topic``: every answer row on the topic, keyed by the event id, once;
+    the pipeline stopped and started again from its checkpoints publishes the new
+    events' answers and none of the old ones a second time."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic, answers_topic = _topic("events-pub"), _topic("answers")
+    with _sidecar(tmp_path, "kafka-publish") as sidecar:
+        config = _config(tmp_path, bootstrap, topic, sidecar.target, answers={"topic": answers_topic})
+        _produce(bootstrap, topic, [_event(i, "first") for i in range(4)])
+        first = StsPipeline(spark, config)
+        first.start()
+        try:
+            _until_answered(first, 4)
+            assert len(_records(bootstrap, answers_topic, 4)) == 4
+        finally:
+            first.stop()
+        _produce(bootstrap, topic, [_event(i, "second") for i in range(4)])
+        second = StsPipeline(spark, config)
+        second.start()
+        try:
+            _until_answered(second, 8)
+            records = _records(bootstrap, answers_topic, 8)
+        finally:
+            second.stop()
+    keys = sorted(m.key().decode() for m in records)
+    assert keys == sorted([f"first-{i}" for i in range(4)] + [f"second-{i}" for i in range(4)])
+    assert {json.loads(m.value())["answer_source"] for m in records} == {"llm"}
