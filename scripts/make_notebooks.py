@@ -24,7 +24,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 from pyspark.sql import SparkSession
 from spark_ext import local_session
 
-# On Databricks (or any notebook with a session) the existing `spark` is used.
+# On Databricks (or any notebook with a session) the existing `spark` is used; with
+# SPARK_REMOTE set (sc://host:port) a Spark Connect session, as on serverless.
 spark = SparkSession.getActiveSession() or local_session("sts-notebook")
 print("Spark", spark.version)'''
 
@@ -50,7 +51,9 @@ ENGINE = "vllm"            # "vllm" (the packaged SmolLM2) or "simulated" (no mo
 OUT = "./sts-quickstart"   # events, results, checkpoints and Delta tables go here
 RATE = 2.0                 # tickets per second
 DURATION = 20.0            # seconds of replay
-SIDECAR_ENDPOINT = None    # e.g. "unix:///run/sts/sts-gpu0.sock": use a running sidecar'''),
+SIDECAR_ENDPOINT = None    # e.g. "unix:///run/sts/sts-gpu0.sock": use a running sidecar
+WRITER = "auto"            # output.writer: "spark" (Delta on Spark; Databricks, Connect),
+                           # "deltalake" (delta-rs on the driver), "auto": spark if it loads'''),
     new_code_cell(_SPARK),
     new_markdown_cell("## 1. The sidecar"),
     new_code_cell('''\
@@ -82,12 +85,13 @@ config = PipelineConfig.from_dict({
     "source": {"path": str(out / "events")},
     "tagging": {"sla_ms": {"high": 8000, "normal": 15000, "low": 30000}, "max_tokens": 48},
     "sidecar": {"endpoint": endpoint, "results_dir": str(out / "results")},
-    "output": {"out_dir": str(out / "tables"), "checkpoint_dir": str(out / "checkpoints")},
+    "output": {"out_dir": str(out / "tables"), "checkpoint_dir": str(out / "checkpoints"),
+               "writer": WRITER},
 })
 pipeline = StsPipeline(spark, config)
 stack.callback(pipeline.stop)
 queries = pipeline.start()
-print([q.name for q in queries])'''),
+print([q.name for q in queries], "writer:", pipeline.writer)'''),
     new_markdown_cell("## 3. Stream the sample tickets"),
     new_code_cell('''\
 import time
@@ -98,12 +102,12 @@ replayer = sample_replayer(out / "events", RATE, DURATION, load_samples())
 replayer.start()
 started = time.monotonic()
 # Every ticket is answered by its deadline + grace (30 s SLA of `low` + 2 s at most).
-while time.monotonic() - started < DURATION + 45:
+while time.monotonic() - started < DURATION + 90:
     pipeline.check()  # raises at once if a query died
-    answered = pipeline.store.stats.answers_written
-    print(f"[{time.monotonic() - started:5.1f}s] events {replayer.offered}, answers {answered} "
-          f"{dict(pipeline.store.stats.by_source)}", flush=True)
-    if not replayer.is_alive() and answered >= replayer.offered:
+    answered = pipeline.store.read("answers", ["answer_source"]).to_pandas()
+    print(f"[{time.monotonic() - started:5.1f}s] events {replayer.offered}, answers "
+          f"{len(answered)} {answered.answer_source.value_counts().to_dict()}", flush=True)
+    if not replayer.is_alive() and len(answered) >= replayer.offered:
         break
     time.sleep(3)'''),
     new_markdown_cell("## 4. The answers (a Delta table)"),
@@ -128,12 +132,15 @@ ANALYST = [
 
 Reads the Delta tables an sts-spark pipeline writes (`answers`, `results`, `requests`)
 and answers the questions people ask first: who got a model answer, how fast against
-the SLA, how many fallbacks were later replaced by a model answer (backfill). The tables
-are read with `deltalake` (no Delta jars needed) and registered as Spark SQL views; on a
-cluster with Delta on Spark, `spark.read.format("delta").load(path)` works the same."""),
+the SLA, how many fallbacks were later replaced by a model answer (backfill). With Delta
+on Spark (Databricks, or a session with delta-spark) the tables are read by Spark itself:
+by catalog name (`CATALOG = "main.support"` reads `main.support.answers`, the names of
+the pipeline's `output.tables`) or by path; without it with `deltalake`. Either way they
+become Spark SQL views, so every query below is plain SQL."""),
     new_code_cell('''\
 # Parameters
 TABLES = "./sts-quickstart/tables"   # the pipeline's output.out_dir
+CATALOG = None                       # e.g. "main.support": read <CATALOG>.answers by name
 SLA_MS = {"high": 8000, "normal": 15000, "low": 30000}'''),
     new_code_cell(_SPARK),
     new_code_cell('''\
@@ -141,14 +148,23 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
+from spark_ext.l4.spark_tables import delta_on_spark
+
 tables = Path(TABLES).expanduser().resolve()
-frames = {}
+counts = {}
 for name in ("answers", "results", "requests"):
-    if (tables / name / "_delta_log").is_dir():
-        frames[name] = DeltaTable(str(tables / name)).to_pandas()
-        spark.createDataFrame(frames[name]).createOrReplaceTempView(name)
-answers = frames["answers"]
-print({name: len(df) for name, df in frames.items()})'''),
+    if CATALOG:                       # a catalog table (Unity Catalog, Hive metastore)
+        df = spark.table(f"{CATALOG}.{name}")
+    elif not (tables / name / "_delta_log").is_dir():
+        continue
+    elif delta_on_spark(spark):       # Spark's own Delta reader
+        df = spark.read.format("delta").load(str(tables / name))
+    else:                             # no Delta jars: delta-rs reads it
+        df = spark.createDataFrame(DeltaTable(str(tables / name)).to_pandas())
+    df.createOrReplaceTempView(name)
+    counts[name] = df.count()
+answers = spark.table("answers").toPandas()
+print(counts)'''),
     new_markdown_cell("## Answers by source and priority"),
     new_code_cell('''\
 spark.sql("""

@@ -40,10 +40,16 @@ def local_session(app_name: str, *, cores: int = 2,
     of ``jvm_features`` (default: Spark's Kafka connector and Delta;
     :mod:`spark_ext.jvm_packages`; ``$STS_SPARK_PACKAGES`` overrides the coordinates).
 
+    With ``$SPARK_REMOTE`` set (``sc://host:port``: a Spark Connect server, as
+    Databricks Connect and serverless notebooks use), the session is a Spark Connect
+    client of that server instead, and the other settings are the server's.
+
     Raises:
         SparkStartError: Java is missing, a JVM package could not be resolved, or the
-            JVM exited before it served.
+            JVM exited before it served (or the Connect server did not answer).
     """
+    if remote := os.environ.get("SPARK_REMOTE"):
+        return _connect_session(remote, app_name)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     options = {"spark.master": f"local[{cores}]", "spark.app.name": app_name,
                **session_conf(jvm_features),
@@ -63,6 +69,18 @@ def local_session(app_name: str, *, cores: int = 2,
         raise SparkStartError(f"Spark did not start: {reason}") from e
     session.sparkContext.setLogLevel("ERROR")
     quiet_py4j()
+    return session
+
+
+def _connect_session(remote: str, app_name: str) -> SparkSession:
+    """A Spark Connect client session on ``remote`` that has answered a query."""
+    try:
+        session = SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+        session.range(1).collect()
+    except Exception as e:  # noqa: BLE001 - gRPC, PySpark or connection errors
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()),
+                      type(e).__name__)
+        raise SparkStartError(f"Spark Connect at {remote} did not answer: {reason}") from e
     return session
 
 

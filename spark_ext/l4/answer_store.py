@@ -236,8 +236,10 @@ class AnswerStore:
             return table.filter(pq.filters_to_expression(filters)) if filters else table
         files = (dt.file_uris(file_pruning_predicate=[(PARTITION, "in", hours)]) if hours
                  else dt.file_uris())
-        if not files:
-            return pa.table({})
+        if not files:  # the table's columns, no rows
+            empty = pa.schema(dt.schema().to_arrow()).empty_table()
+            return empty.select([c for c in columns if c in empty.column_names]) \
+                if columns is not None else empty
         want = None if columns is None else [c for c in columns if c != PARTITION]
         parts = []
         for f in files:

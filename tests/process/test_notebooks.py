@@ -57,7 +57,7 @@ def test_notebooks_are_generated_from_the_script() -> None:
 def test_every_notebook_runs_headless(tmp_path: Path) -> None:
     out = tmp_path / "quickstart"
     quick = _run("01_quickstart.ipynb", tmp_path, ENGINE="simulated", OUT=str(out),
-                 RATE=3.0, DURATION=8.0)
+                 RATE=3.0, DURATION=8.0, WRITER="deltalake")
     text = _outputs(quick)
     assert "sts-submit" in text and "tables:" in text
     assert (out / "tables" / "answers" / "_delta_log").is_dir()
@@ -74,3 +74,19 @@ def test_every_notebook_runs_headless(tmp_path: Path) -> None:
                     RATES=[2.0, 8.0], DURATION=4.0)
     assert "knee:" in _outputs(capacity)
     assert (tmp_path / "capacity" / "bench.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_quickstart_and_the_analyst_run_on_spark_connect(
+        spark_connect_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``SPARK_REMOTE`` set, as in a Databricks serverless notebook, the notebooks'
+    ``local_session`` is a Spark Connect client: the quickstart's pipeline runs there with
+    Delta on Spark, and the analyst notebook reads its tables with Spark's Delta reader."""
+    monkeypatch.setenv("SPARK_REMOTE", spark_connect_server.remote)
+    out = tmp_path / "quickstart"
+    quick = _run("01_quickstart.ipynb", tmp_path, ENGINE="simulated", OUT=str(out),
+                 RATE=3.0, DURATION=6.0)
+    assert "writer: spark" in _outputs(quick)
+    analyst = _run("02_analyst.ipynb", tmp_path, TABLES=str(out / "tables"))
+    assert "'answers': 18" in _outputs(analyst)  # 3/s x 6 s, one answer each
