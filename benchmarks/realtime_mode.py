@@ -42,7 +42,9 @@ import json
 import logging
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -109,7 +111,7 @@ class RealtimeOptions:
     """The simulated sidecar's config (ten replicas: nothing is shed at these rates)."""
 
     out: str = "./sts-realtime/realtime_mode.json"
-    """Where the JSON result goes (its folder also holds the scratch space ``work/``)."""
+    """Where the JSON result goes (scratch space is a temporary folder, removed after)."""
 
 
 class _ResultRows:
@@ -377,6 +379,51 @@ def _probe(spark, name: str, what: str, start: Callable[[], object], *,
                 query.stop()
 
 
+def _passthrough(spark, bootstrap: str, work: Path, interval: str, tag: str, *,
+                 arrow: bool) -> dict:
+    """Kafka -> Kafka in Real-Time Mode, with or without an identity ``mapInArrow``
+    between (1-record Arrow batches, 1 KiB buffers, allowlist check off): how long a
+    record takes from the events topic to the output topic (both append times)."""
+    from pyspark.sql import functions as F
+
+    name = "passthrough" + ("-mapInArrow" if arrow else "")
+    t, out_t = f"rtm-probe-{name}-in-{tag}", f"rtm-probe-{name}-out-{tag}"
+    create_topics(bootstrap, [t], partitions=2)
+    create_topics(bootstrap, [out_t])
+    events = _events(spark, bootstrap, t)
+    if arrow:
+        events = events.mapInArrow(_identity, events.schema)
+    settings = {ALLOWLIST_CHECK: "false", ARROW_BATCH: "1", PYTHON_BUFFER: "1024"}
+    with _conf(spark, settings):
+        query = (events.select(F.col("event_id").alias("key"),
+                               F.to_json(F.struct("event_id", "event_ts")).alias("value"))
+                 .writeStream.format("kafka").queryName(f"probe-{name}")
+                 .option("kafka.bootstrap.servers", bootstrap).option("topic", out_t)
+                 .option("checkpointLocation", str(work / "probe-ckpt" / f"{name}-{tag}"))
+                 .outputMode("update").trigger(realTime=interval).start())
+        try:
+            _EventProducer(bootstrap, t, 5.0, 2.0, f"warm-{name}").run()
+            time.sleep(6)
+            producer = _EventProducer(bootstrap, t, 50.0, 10.0, f"ev-{name}")
+            producer.run()
+            time.sleep(7)
+            error = query.exception()
+        finally:
+            query.stop()
+    produced, _ = landing_times(bootstrap, [t], since_ms=producer.start_ms - 1000)
+    landed, _ = landing_times(bootstrap, [out_t], since_ms=producer.start_ms - 1000)
+    lat = [landed[e] - produced[e] for e in producer.sent if e in landed and e in produced]
+    return {"probe": name, "what": "Kafka -> " + ("identity mapInArrow -> " if arrow else "")
+            + "Kafka, 50 records/s for 10 s: events topic -> output topic",
+            "settings": settings, "outcome": "runs" if error is None else "failed",
+            "error": None if error is None else _first_line(str(error)),
+            "latency_ms": _stats(lat), "delivered": len(lat), "offered": len(producer.sent)}
+
+
+def _identity(batches):
+    yield from batches
+
+
 def run_probes(spark, bootstrap: str, sidecar, results_dir: Path, work: Path,
                interval: str) -> list[dict]:
     """Each part of the pipeline in Real-Time Mode (see the module doc)."""
@@ -413,6 +460,8 @@ def run_probes(spark, bootstrap: str, sidecar, results_dir: Path, work: Path,
             settings={} if allow else {ALLOWLIST_CHECK: "false"},
             feed=feed_events(t), ran=has_records(out_t))
 
+    for arrow in (False, True):
+        results.append(_passthrough(spark, bootstrap, work, interval, tag, arrow=arrow))
     results.append(submit("submit-mapInArrow", allow=True))
     results.append(submit("submit-mapInArrow-allowlist-off", allow=False))
 
@@ -440,13 +489,17 @@ def run_probes(spark, bootstrap: str, sidecar, results_dir: Path, work: Path,
     t, out_t = topic("pandas-in"), topic("pandas-out")
 
     def pandas_udf_query(t: str, out_t: str, name: str):
+        from collections.abc import Iterator
+
         import pandas as pd
 
-        @F.pandas_udf("string")
         def upper(batches):
             for s in batches:
-                yield pd.Series(s).str.upper()
+                yield s.str.upper()
 
+        # the hints make it an iterator UDF (as strings, they would not resolve here)
+        upper.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}
+        upper = F.pandas_udf(upper, "string")  # SQL_SCALAR_PANDAS_ITER_UDF
         df = _events(spark, bootstrap, t).select(F.col("event_id").alias("key"),
                                                  upper(F.col("text")).alias("value"))
         return kafka_sink(df, out_t, name).start()
@@ -580,11 +633,13 @@ def run(opts: RealtimeOptions) -> dict:
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES}")
     out = Path(opts.out).resolve()
-    work = out.parent / "work-realtime"
-    work.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # scratch (broker log, checkpoints, result files): a fresh folder, removed at the end
+    work = Path(tempfile.mkdtemp(prefix="sts-realtime-"))
     doc: dict = {"kind": "realtime_mode", "options": asdict(opts), "simulation": True,
                  "machine": _machine(), "runs": [], "probes": []}
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, ignore_errors=True)  # runs last
         if opts.kafka_bootstrap:
             bootstrap, cluster = opts.kafka_bootstrap, "external"
         else:
@@ -618,8 +673,11 @@ def run(opts: RealtimeOptions) -> dict:
             doc["probes"] = run_probes(spark, bootstrap, sidecar, results_dir, work,
                                        opts.realtime_interval)
             for p in doc["probes"]:
+                lat = p.get("latency_ms")
                 print(f"probe {p['probe']:<34} {p['outcome']}"
-                      + (f": {p['error']}" if p.get("error") else ""), flush=True)
+                      + (f": {p['error']}" if p.get("error") else "")
+                      + (f" (p50 {lat['p50']} p99 {lat['p99']} ms, {p['delivered']}/"
+                         f"{p['offered']})" if lat else ""), flush=True)
     doc["machine_after"] = {k: v for k, v in _machine().items()
                             if k in ("reference_cpu_ms", "load_average")}
     write_text_atomically(out, json.dumps(doc, indent=1))
