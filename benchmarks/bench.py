@@ -2,7 +2,8 @@
 and ``sts bench --knee``: the sidecar's own throughput/latency curve and its knee.
 
 One sidecar process and one SparkSession serve every run, so all schemes meet the
-same engine. Each (rate, scheme) run replays the same generated events (one seed
+same engine (``sts-kafka`` gets a second sidecar with the same flags on the ``kafka``
+result channel, and a local broker unless ``--kafka-bootstrap`` names a cluster). Each (rate, scheme) run replays the same generated events (one seed
 per rate) for ``duration_s``, then waits for the answers (up to the largest SLA
 plus 5 s; STS then closes its join windows). Writes ``bench.json`` and PNG plots
 into ``out``, and prints progress and a table while it runs.

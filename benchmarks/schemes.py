@@ -1,6 +1,6 @@
 """One benchmark run: one scheme at one offered rate, measured the same way for all.
 
-Schemes (same generated events, same sidecar process, same trigger interval):
+Schemes (same generated events, same sidecar settings, same trigger interval):
 
 * ``engine``: the sidecar driven directly (no Spark), the engine's raw ceiling;
 * ``sts``: :class:`spark_ext.pipeline.sts_pipeline.StsPipeline` (fire-and-forget submit, join, fallback);

@@ -32,7 +32,7 @@ sts bench --engine simulated --profile seed-200qps --sidecar-config conf/sidecar
 
 # 8. Seed scale over Kafka: the files path and the Kafka path in one run (local broker).
 sts bench --engine simulated --profile seed-200qps --sidecar-config conf/sidecar-seed-sim.yaml \
-  --rates 50,200 --duration 20 --schemes engine,sts,sts-kafka --out "$OUT/seed-sim-kafka"
+  --rates 50,200 --duration 20 --schemes engine,sts-kafka,sts --out "$OUT/seed-sim-kafka"
 
 # 9. The submit query in Spark's Real-Time Mode vs micro-batch, and what RTM refuses.
 python -m benchmarks.realtime_mode --rates 50,200 --duration 20 --probe \
