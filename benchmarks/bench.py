@@ -2,7 +2,8 @@
 and ``sts bench --knee``: the sidecar's own throughput/latency curve and its knee.
 
 One sidecar process and one SparkSession serve every run, so all schemes meet the
-same engine. Each (rate, scheme) run replays the same generated events (one seed
+same engine (``sts-kafka`` gets a second sidecar with the same flags on the ``kafka``
+result channel, and a local broker unless ``--kafka-bootstrap`` names a cluster). Each (rate, scheme) run replays the same generated events (one seed
 per rate) for ``duration_s``, then waits for the answers (up to the largest SLA
 plus 5 s; STS then closes its join windows). Writes ``bench.json`` and PNG plots
 into ``out``, and prints progress and a table while it runs.
@@ -21,10 +22,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.cli_args import SCHEMES
+from benchmarks.cli_args import DEFAULT_SCHEMES, SCHEMES
 from benchmarks.generate import generate
 from benchmarks.profiles import TrafficProfile, load_profile
-from benchmarks.schemes import RunContext, run_scheme
+from benchmarks.schemes import KafkaPath, RunContext, run_scheme
 from sidecar import ConfigError, write_text_atomically
 from sts_harness.hops import format_hops
 
@@ -50,7 +51,8 @@ class BenchOptions:
     """Offered events/s; empty = the profile's rate x 0.5, 1, 2, 4."""
 
     duration_s: float = 30.0
-    schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
+    schemes: list[str] = field(default_factory=lambda: list(DEFAULT_SCHEMES))
+    """Of :data:`~benchmarks.cli_args.SCHEMES`; ``sts-kafka`` only when named."""
     trigger_s: float = 0.0
     """Micro-batch trigger of every query, seconds; 0 = as fast as possible."""
     out: str = "./sts-bench"
@@ -62,11 +64,17 @@ class BenchOptions:
     """Extra ``sts sidecar`` flags (e.g. ``--set engine.simulated.replicas=8``)."""
 
     seed: int = 0
+    kafka_bootstrap: str | None = None
+    """``sts-kafka``: the brokers to use; ``None``: a local broker the bench starts in
+    ``<out>/work/kafka`` (labelled ``local`` in the results)."""
 
 
 def _machine() -> dict:
+    from benchmarks.cpu_accounting import reference_cpu_ms
+
     return {"platform": platform.platform(), "python": sys.version.split()[0],
-            "cpus": os.cpu_count(), "processor": platform.processor()}
+            "cpus": os.cpu_count(), "processor": platform.processor(),
+            "reference_cpu_ms": reference_cpu_ms(), "load_average": list(os.getloadavg())}
 
 
 def _rates(opts: BenchOptions, profile: TrafficProfile) -> list[float]:
@@ -125,8 +133,8 @@ def find_knee(curve: list[dict]) -> dict:
     return {"knee_rate": safe, "first_bad_rate": None, "reason": "no knee within the ladder"}
 
 
-def _sidecar_args(opts: BenchOptions) -> list[str]:
-    args = ["--engine", opts.engine, "--sidecar-id", f"bench-{opts.engine}",
+def _sidecar_args(opts: BenchOptions, sidecar_id: str | None = None) -> list[str]:
+    args = ["--engine", opts.engine, "--sidecar-id", sidecar_id or f"bench-{opts.engine}",
             "--set", "results.flush_interval_s=0.05"]
     if opts.sidecar_config:
         args = ["--config", str(Path(opts.sidecar_config).resolve()), *args]
@@ -186,6 +194,12 @@ def run_bench(opts: BenchOptions) -> dict:
             log_path=out / "sidecar.log", stop_timeout_s=30,
             security=ClientSecurity(token_file=str(token_file))))
         assert sidecar.client is not None
+        kafka = _kafka_path(stack, opts, out, work, token_file) if "sts-kafka" in schemes \
+            else None
+        if kafka is not None:
+            doc["kafka"] = {"cluster": kafka.cluster, "bootstrap_servers": kafka.bootstrap_servers,
+                            "sidecar": "a second sidecar, the same flags plus the kafka "
+                                       "result channel; idle while the other schemes run"}
         if any(s != "engine" for s in schemes):
             from spark_ext.session import session_scope
 
@@ -193,7 +207,7 @@ def run_bench(opts: BenchOptions) -> dict:
             spark = stack.enter_context(session_scope("sts-bench"))
         ctx = RunContext(client=sidecar.client, results_dir=work / "results", work_dir=work,
                          profile=profile, duration_s=opts.duration_s, trigger_s=opts.trigger_s,
-                         spark=spark)
+                         spark=spark, kafka=kafka)
         print(HEADER, flush=True)
         for i, rate in enumerate(rates):
             requests = generate(profile.with_rate(rate), opts.duration_s, seed=opts.seed + i)
@@ -201,12 +215,15 @@ def run_bench(opts: BenchOptions) -> dict:
                 started = time.monotonic()
                 result = run_scheme(scheme, ctx, rate, requests)
                 result["wall_s"] = round(time.monotonic() - started, 1)
+                result["load_average_after"] = list(os.getloadavg())
                 doc["runs"].append(result)
                 print(_row(result), flush=True)
                 if result.get("hops_ms"):
                     print("\n".join("    " + line for line in format_hops(result["hops_ms"])),
                           flush=True)
                 write_text_atomically(out / "bench.json", json.dumps(doc, indent=1))
+    doc["machine_after"] = {k: v for k, v in _machine().items()
+                            if k in ("reference_cpu_ms", "load_average")}
     if opts.knee:
         doc["knee"] = find_knee([r for r in doc["runs"] if r["scheme"] == "engine"])
         print(f"knee (safe water level): {doc['knee']}", flush=True)
@@ -216,6 +233,36 @@ def run_bench(opts: BenchOptions) -> dict:
     return doc
 
 
+def _kafka_path(stack: contextlib.ExitStack, opts: BenchOptions, out: Path, work: Path,
+                token_file: Path):
+    """The ``sts-kafka`` scheme's cluster (``--kafka-bootstrap``, else a local broker
+    started on ``stack``) and its own sidecar: the same flags as the first one plus the
+    ``kafka`` result channel, so both schemes meet the same engine settings."""
+    from sidecar import ClientSecurity
+    from sts_harness.demo import kafka_results_args
+    from sts_harness.process import SidecarProcess
+
+    if opts.kafka_bootstrap:
+        bootstrap, cluster = opts.kafka_bootstrap, "external"
+    else:
+        from sts_harness.kafka_broker import KafkaBroker
+
+        broker = stack.enter_context(KafkaBroker(work / "kafka"))
+        bootstrap, cluster = broker.bootstrap_servers, "local"
+    print(f"sts-kafka: Kafka cluster {bootstrap} ({cluster}"
+          f"{', started by sts bench' if cluster == 'local' else ''}); a second sidecar on "
+          "the kafka result channel", flush=True)
+    sidecar = stack.enter_context(SidecarProcess(
+        work / "results-kafka",
+        [*_sidecar_args(opts, f"bench-{opts.engine}-kafka"),
+         "--set", f"server.token_file={json.dumps(str(token_file))}",
+         *kafka_results_args(bootstrap)],
+        log_path=out / "sidecar-kafka.log", stop_timeout_s=30,
+        security=ClientSecurity(token_file=str(token_file))))
+    assert sidecar.client is not None
+    return KafkaPath(client=sidecar.client, bootstrap_servers=bootstrap, cluster=cluster)
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     """Entry point of ``sts bench``."""
     opts = BenchOptions(
@@ -223,7 +270,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         rates=[float(r) for r in args.rates.split(",")] if args.rates else [],
         duration_s=args.duration, schemes=[s for s in args.schemes.split(",") if s],
         trigger_s=args.trigger, out=args.out, knee=args.knee,
-        sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed)
+        sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed,
+        kafka_bootstrap=args.kafka_bootstrap)
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
         raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")

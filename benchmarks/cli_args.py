@@ -7,7 +7,10 @@ import argparse
 
 from sidecar import ENGINE_KINDS
 
-SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
+SCHEMES: tuple[str, ...] = ("engine", "sts", "sts-kafka", "baseline-sync",
+                             "baseline-concurrent")
+#: What ``sts bench`` runs without ``--schemes`` (``sts-kafka`` needs a broker: name it).
+DEFAULT_SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
 
 DEFAULT_TOKENS_PER_S = 3400.0
 
@@ -19,8 +22,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
     p.add_argument("--rates", help="comma-separated offered events/s (default: profile x 0.5..4)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per run")
-    p.add_argument("--schemes", default=",".join(SCHEMES),
-                   help=f"comma-separated subset of {','.join(SCHEMES)}")
+    p.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
+                   help=f"comma-separated subset of {','.join(SCHEMES)} (default: all but "
+                        "sts-kafka)")
     p.add_argument("--trigger", type=float, default=0.0,
                    help="micro-batch trigger of every query, seconds (0: as fast as possible)")
     p.add_argument("--out", default="./sts-bench", help="output folder (bench.json, *.png)")
@@ -31,6 +35,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra `sts sidecar` argument (repeat), e.g. --sidecar-arg=--set "
                         "--sidecar-arg=engine.simulated.replicas=8")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kafka-bootstrap", metavar="HOST:PORT[,...]",
+                   help="sts-kafka: the Kafka cluster to use (default: a local broker the "
+                        "bench starts, labelled local)")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from benchmarks.profiles import TrafficProfile  # noqa: E402
 
-_COLORS = {"engine": "tab:gray", "sts": "tab:green", "baseline-sync": "tab:red",
+_COLORS = {"engine": "tab:gray", "sts": "tab:green", "sts-kafka": "tab:cyan",
+           "baseline-sync": "tab:red",
            "baseline-concurrent": "tab:orange"}
 
 

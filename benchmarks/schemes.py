@@ -1,9 +1,12 @@
 """One benchmark run: one scheme at one offered rate, measured the same way for all.
 
-Schemes (same generated events, same sidecar process, same trigger interval):
+Schemes (same generated events, same sidecar settings, same trigger interval):
 
 * ``engine``: the sidecar driven directly (no Spark), the engine's raw ceiling;
 * ``sts``: :class:`spark_ext.pipeline.sts_pipeline.StsPipeline` (fire-and-forget submit, join, fallback);
+* ``sts-kafka``: the same pipeline with the events on a Kafka topic (Spark's Kafka source)
+  and the results on the ``llm.result.{priority}`` topics (a second sidecar, same engine
+  settings, on the ``kafka`` result channel);
 * ``baseline-sync`` / ``baseline-concurrent``: :class:`benchmarks.baseline.BlockingForeachBatch`.
 
 Per run: offered events, answers (any source) and answers within the SLA, LLM
@@ -21,19 +24,21 @@ import logging
 import shutil
 import statistics
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.cli_args import SCHEMES
 from benchmarks.generate import GeneratedRequest, events_for_spark
+from benchmarks.kafka_topics import create_topics, landing_times, merge_hops, topic_hops
 from benchmarks.loadgen import send_on_schedule
 from benchmarks.profiles import TrafficProfile
 from sidecar import percentiles, security_fields, write_text_atomically
 from sidecar.client import SidecarClient
 from sidecar.contract import PRIORITY_NAMES, now_ms
 from sts_harness.hops import hop_latencies
-from sts_harness.replay import EVENT_SCHEMA, EventReplayer
+from sts_harness.replay import EVENT_SCHEMA, EventReplayer, KafkaTopicSink
 from sts_harness.result_check import read_results, results_by_id
 
 logger = logging.getLogger(__name__)
@@ -52,6 +57,21 @@ class Answer:
 
 
 @dataclass
+class KafkaPath:
+    """What the ``sts-kafka`` scheme runs on: its own sidecar (the ``kafka`` result
+    channel) and the cluster."""
+
+    client: SidecarClient
+    bootstrap_servers: str
+    cluster: str
+    """``local`` (a broker the bench started) or ``external``."""
+
+    event_partitions: int = 2
+    """Partitions of each run's events topic (the files source reads ~2 partitions of
+    the due files on 2 cores)."""
+
+
+@dataclass
 class RunContext:
     """What every run shares."""
 
@@ -62,6 +82,8 @@ class RunContext:
     duration_s: float
     trigger_s: float
     spark: object | None = None
+    kafka: KafkaPath | None = None
+    """Set when the ``sts-kafka`` scheme runs."""
 
 
 @dataclass
@@ -108,13 +130,19 @@ WARM_UP_EVENTS = 6
 WARM_UP_PREFIX = "warmup-"
 
 
-def _warm_up(folder: Path, answered: Callable[[], int], timeout_s: float = 120.0) -> None:
-    """Write :data:`WARM_UP_EVENTS` events and wait until the scheme answered them."""
+def _warm_up(target: Path | Callable[[list[dict]], None], answered: Callable[[], int],
+             timeout_s: float = 120.0) -> None:
+    """Write :data:`WARM_UP_EVENTS` events (into a landing folder, or through a
+    function, e.g. onto a topic) and wait until the scheme answered them."""
     now = now_ms()
-    write_text_atomically(folder / "warmup.json", "".join(
-        json.dumps({"event_id": f"{WARM_UP_PREFIX}{now}-{i}", "text": "Hello, is my order late?",
-                    "priority": "low", "event_ts": now, "max_tokens": 1}) + "\n"
-        for i in range(WARM_UP_EVENTS)))
+    events = [{"event_id": f"{WARM_UP_PREFIX}{now}-{i}", "text": "Hello, is my order late?",
+               "priority": "low", "event_ts": now, "max_tokens": 1}
+              for i in range(WARM_UP_EVENTS)]
+    if callable(target):
+        target(events)
+    else:
+        write_text_atomically(target / "warmup.json",
+                              "".join(json.dumps(e) + "\n" for e in events))
     deadline = time.monotonic() + timeout_s
     while answered() < WARM_UP_EVENTS:
         if time.monotonic() > deadline:
@@ -122,10 +150,11 @@ def _warm_up(folder: Path, answered: Callable[[], int], timeout_s: float = 120.0
         time.sleep(0.2)
 
 
-def _replayer(folder: Path, requests: list[GeneratedRequest]) -> EventReplayer:
-    """Replays ``requests`` as Spark events into ``folder``, each at its arrival time."""
+def _replayer(sink: Path | KafkaTopicSink, requests: list[GeneratedRequest]) -> EventReplayer:
+    """Replays ``requests`` as Spark events into ``sink`` (a landing folder or a topic),
+    each at its arrival time."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
-    return EventReplayer(folder, [r.arrival_s for r in ordered],
+    return EventReplayer(sink, [r.arrival_s for r in ordered],
                          lambda start_ms: events_for_spark(ordered, start_ms))
 
 
@@ -203,17 +232,29 @@ def run_engine(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -
 # --------------------------------------------------------------------------- spark schemes
 
 
-def _pipeline_config(ctx: RunContext, run_dir: Path):
+def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None = None):
+    """The pipeline of a Spark scheme: events from ``run_dir/events`` and results from
+    the files channel, or, with ``events_topic``, both on Kafka (``ctx.kafka``)."""
     from spark_ext.config import PipelineConfig
 
     cap = max(ctx.profile.output_tokens.cap, 1)
+    source: dict = {"path": str(run_dir / "events"), "schema": EVENT_SCHEMA,
+                    "options": {"maxFilesPerTrigger": "1000"}}
+    client, kafka, channel = ctx.client, {}, "files"
+    if events_topic is not None:
+        assert ctx.kafka is not None
+        client, channel = ctx.kafka.client, "kafka"
+        source = {"format": "kafka", "schema": EVENT_SCHEMA,
+                  "options": {"subscribe": events_topic, "startingOffsets": "earliest"}}
+        kafka = {"kafka": {"bootstrap_servers": ctx.kafka.bootstrap_servers}}
     return PipelineConfig.from_dict({
-        "source": {"path": str(run_dir / "events"), "schema": EVENT_SCHEMA,
-                   "options": {"maxFilesPerTrigger": "1000"}},
+        **kafka,
+        "source": source,
         "tagging": {"sla_ms": dict(ctx.profile.sla_ms), "max_tokens": cap,
                     "max_tokens_column": "max_tokens"},
-        "sidecar": {"endpoint": ctx.client.target, "results_dir": str(ctx.results_dir),
-                    "timeout_s": 30.0, **security_fields(ctx.client.security)},
+        "sidecar": {"endpoint": client.target, "results_dir": str(ctx.results_dir),
+                    "result_channel": channel,
+                    "timeout_s": 30.0, **security_fields(client.security)},
         "answers": {"grace_ms": 1000},
         "output": {"out_dir": str(run_dir / "tables"),
                    "checkpoint_dir": str(run_dir / "checkpoints"),
@@ -224,17 +265,37 @@ def _pipeline_config(ctx: RunContext, run_dir: Path):
     })
 
 
-def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> dict:
-    """The STS pipeline on the replayed events."""
+def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
+            channel: str = "files") -> dict:
+    """The STS pipeline on the replayed events: from a landing folder with the files
+    result channel, or (``channel="kafka"``) from a topic of its own with the results on
+    the ``llm.result.{priority}`` topics."""
     from spark_ext.pipeline.sts_pipeline import StsPipeline
 
-    run_dir = ctx.work_dir / f"sts-{rate}"
-    config = _pipeline_config(ctx, run_dir)
+    scheme = "sts" if channel == "files" else "sts-kafka"
+    run_dir = ctx.work_dir / f"{scheme}-{rate}"
+    client = ctx.client
+    topic = None
+    if channel == "kafka":
+        assert ctx.kafka is not None, "sts-kafka needs RunContext.kafka"
+        client = ctx.kafka.client
+        topic = f"sts-bench-events-{rate:g}-{uuid.uuid4().hex[:8]}"
+    config = _pipeline_config(ctx, run_dir, events_topic=topic)
+    if topic is not None:
+        assert ctx.kafka is not None
+        topics = create_topics(ctx.kafka.bootstrap_servers, [topic],
+                               partitions=ctx.kafka.event_partitions)
+        topics |= create_topics(ctx.kafka.bootstrap_servers, config.result_topics())
+        sink = KafkaTopicSink(ctx.kafka.bootstrap_servers, topic)
+        replayer = _replayer(sink, requests)
+        warm_target: Path | Callable[[list[dict]], None] = lambda events: sink(0, 0, events)
+    else:
+        replayer = _replayer(run_dir / "events", requests)
+        warm_target = run_dir / "events"
+    sampler = Sampler(f"{scheme} @{rate:g}/s")
     pipeline = StsPipeline(ctx.spark, config)
-    replayer = _replayer(run_dir / "events", requests)
-    sampler = Sampler(f"sts @{rate:g}/s")
     pipeline.start()
-    _warm_up(run_dir / "events", lambda: pipeline.store.stats.answers_written)
+    _warm_up(warm_target, lambda: pipeline.store.stats.answers_written)
     warm = pipeline.store.stats.answers_written
     replayer.start()
 
@@ -250,7 +311,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
         while time.monotonic() < end:
             time.sleep(1.0)
             pipeline.check()
-            sampler.sample(ctx.client, replayer.offered,
+            sampler.sample(client, replayer.offered,
                            pipeline.store.stats.answers_written - warm)
         replayer.join()
         # Every request is answered by deadline + grace (the safety net runs on
@@ -260,7 +321,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
         while time.monotonic() < drain_end:
             pipeline.check()
             written = pipeline.store.stats.answers_written - warm
-            sampler.sample(ctx.client, replayer.offered, written)
+            sampler.sample(client, replayer.offered, written)
             if written >= replayer.offered:
                 break
             time.sleep(0.5)
@@ -274,9 +335,21 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -> d
         replayer.stop()
     answers = [Answer(r["priority"], float(r["latency_ms"]), bool(r["deadline_met"]),
                       r["answer_source"] == "llm", r["answered_ts"]) for r in rows]
-    result = summarize("sts", rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
+    result = summarize(scheme, rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
                        durations)
     result["hops_ms"] = hop_latencies(rows)
+    if topic is not None:
+        assert ctx.kafka is not None
+        since = replayer.start_ms - 1000
+        events_at, kind = landing_times(ctx.kafka.bootstrap_servers, [topic], since_ms=since)
+        results_at, result_kind = landing_times(ctx.kafka.bootstrap_servers,
+                                                config.result_topics(), since_ms=since)
+        result["hops_ms"] = merge_hops(result["hops_ms"],
+                                       topic_hops(rows, events_at, results_at))
+        result["kafka"] = {"cluster": ctx.kafka.cluster, "events_topic": topic,
+                           "result_topics": config.result_topics(), "topics": topics,
+                           "event_partitions": ctx.kafka.event_partitions,
+                           "timestamps": {"events": kind, "results": result_kind}}
     result["query_phase_ms_p50"] = query_ms
     result["answers_by_source"] = dict(collections.Counter(r["answer_source"] for r in rows))
     return result
@@ -327,12 +400,13 @@ def run_scheme(scheme: str, ctx: RunContext, rate: float,
     """Run one scheme at one rate, then wait for the sidecar to go idle."""
     if scheme == "engine":
         result = run_engine(ctx, rate, requests)
-    elif scheme == "sts":
-        result = run_sts(ctx, rate, requests)
+    elif scheme in ("sts", "sts-kafka"):
+        result = run_sts(ctx, rate, requests,
+                         channel="kafka" if scheme == "sts-kafka" else "files")
     elif scheme in ("baseline-sync", "baseline-concurrent"):
         result = run_baseline(ctx, rate, requests, scheme.removeprefix("baseline-"))
     else:
         raise ValueError(f"unknown scheme {scheme!r}; choose from {SCHEMES}")
-    wait_idle(ctx.client)
+    wait_idle(ctx.kafka.client if scheme == "sts-kafka" and ctx.kafka else ctx.client)
     archive_results(ctx.results_dir, ctx.work_dir / "results-archive" / f"{scheme}-{rate}")
     return result

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduce benchmarks/RESULTS.md: every benchmark, one after the other (~60 min on 2 cores).
+# Reproduce benchmarks/RESULTS.md: every benchmark, one after the other (~80 min on 2 cores).
 #   bash scripts/run_benchmarks.sh [OUT_DIR]      (default benchmarks/results)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,3 +29,13 @@ python -m benchmarks.delta_growth --out "$OUT/delta_growth"
 # 7. The rebuilt answer path at seed scale, with per-hop latencies (SIMULATION).
 sts bench --engine simulated --profile seed-200qps --sidecar-config conf/sidecar-seed-sim.yaml \
   --rates 200 --duration 20 --schemes engine,sts,baseline-sync --out "$OUT/seed-sim-200"
+
+# 8. Seed scale over Kafka: the files path and the Kafka path in one run (local broker).
+sts bench --engine simulated --profile seed-200qps --sidecar-config conf/sidecar-seed-sim.yaml \
+  --rates 50,200 --duration 20 --schemes engine,sts-kafka,sts --out "$OUT/seed-sim-kafka"
+
+# 9. The submit query in Spark's Real-Time Mode vs micro-batch, and what RTM refuses.
+python -m benchmarks.realtime_mode --rates 50,200 --duration 20 --probe \
+  --out "$OUT/realtime_mode/realtime_mode.json"
+python -m benchmarks.realtime_mode --rates 50,200 --duration 20 --modes realtime-small-buffers \
+  --small-arrow-batch 10 --out "$OUT/realtime_mode/realtime_mode_arrow_batch_10.json"

@@ -68,3 +68,32 @@ def test_bench_smoke_all_schemes_on_the_simulated_engine(tmp_path: Path, spark) 
     # The blocking batch waits for the model; STS's submit batch does not.
     assert runs["baseline-sync"]["batch_s"]["p99"] > runs["sts"]["batch_s"]["p50"]
     assert spark.sparkContext._jsc is not None, "the bench stopped the caller's session"
+
+
+@pytest.mark.slow
+def test_bench_smoke_sts_kafka_on_a_local_broker(tmp_path: Path, spark) -> None:
+    """``sts-kafka`` end to end (~60-90 s on 2 cores): the bench starts a local broker and
+    a second sidecar on the kafka result channel, events go through a topic, results come
+    back on ``llm.result.{priority}``, every event is answered, and the topic hops are
+    measured from the brokers' append times."""
+    profile = yaml.safe_load((REPO / "conf" / "profiles" / "cpu-small.yaml").read_text())
+    profile["sla_ms"] = {"high": 1500, "normal": 2500, "low": 4000}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(profile))
+    doc = run_bench(BenchOptions(
+        profile=str(tmp_path / "tiny.yaml"), engine="simulated", rates=[8.0], duration_s=4.0,
+        out=str(tmp_path / "bench"), schemes=["sts-kafka"],
+        sidecar_args=["--set", "engine.simulated.max_num_seqs=4",
+                      "--set", "engine.simulated.step_base_ms=20.0"]))
+    assert doc["kafka"]["cluster"] == "local"
+    (run,) = doc["runs"]
+    assert run["scheme"] == "sts-kafka" and run["offered"] > 10
+    assert run["answered"] == run["offered"] and run["llm_answers"] > 0, run
+    assert run["kafka"]["timestamps"] == {"events": "log_append_time",
+                                          "results": "log_append_time"}
+    hops = run["hops_ms"]
+    # every answer the hops count (backfills are left out) was found on the events topic
+    assert hops["event -> on events topic"]["n"] == hops["event -> submitted"]["n"] > 10
+    assert hops["finished -> on result topic"]["n"] > 0
+    assert hops["on result topic -> answer landed"]["p50"] >= 0
+    assert doc["machine"]["reference_cpu_ms"] > 0
+    assert spark.sparkContext._jsc is not None, "the bench stopped the caller's session"
