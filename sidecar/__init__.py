@@ -53,6 +53,9 @@ from sidecar.event_loop import EVENT_LOOPS
 # From sidecar.exceptions
 from sidecar.exceptions import ConfigError, SidecarError, one_line
 
+# From sidecar.lazy_exports
+from sidecar.lazy_exports import lazy_exports
+
 # From sidecar.model_prep
 from sidecar.model_prep import prepare_default_model
 
@@ -90,6 +93,7 @@ __all__ = [
     "as_dataclass",
     "build_sections",
     "conf_dir",
+    "lazy_exports",
     "one_line",
     "otel_environment",
     "percentile",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spark_ext.lazy_exports import lazy_exports
+from sidecar import lazy_exports
 
 #: Public name -> the module it comes from.
 _EXPORTS = {

@@ -1,7 +1,8 @@
 """Public names of a package, loaded on first use (PEP 562 module ``__getattr__``), so
 importing one module of a package does not import every module its API names: a Spark
 Python worker that runs the submission never loads the Delta writer, and ``sts --help``
-never loads Spark."""
+never loads Spark. Used by ``spark_ext`` and ``sts_harness`` (it lives in the bottom
+package so that neither needs the other to import it)."""
 
 from __future__ import annotations
 
