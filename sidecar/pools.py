@@ -74,6 +74,17 @@ class Pool:
             self.queue.pop()
         return self.queue[-1] if self.queue else None
 
+    def position(self, req: SidecarRequest) -> int:
+        """Requests still queued before ``req`` (which is queued). Read from the head:
+        the request that has waited longest, the one this is asked about, is near it."""
+        ahead = 0
+        for queued in self.queue:
+            if queued is req:
+                return ahead
+            if queued.status is RequestStatus.QUEUED:
+                ahead += 1
+        return ahead
+
     def has_room_for(self, req: SidecarRequest) -> bool:
         """Whether the pool's in-engine limits allow ``req`` to start now."""
         if self.in_flight >= self.config.max_in_flight:
