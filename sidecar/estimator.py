@@ -31,7 +31,7 @@ import collections
 import math
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,7 +212,8 @@ class ServiceRateEstimator:
 
     Args:
         alpha: EWMA weight of each new observation.
-        clock: Monotonic clock in seconds (injectable for tests).
+        clock: Monotonic clock in seconds (injectable for tests; default
+            ``time.monotonic`` as it is when the estimator is made).
 
     Example:
         >>> est = ServiceRateEstimator()
@@ -222,9 +223,9 @@ class ServiceRateEstimator:
         1.08
     """
 
-    def __init__(self, alpha: float = 0.1, clock=time.monotonic) -> None:
+    def __init__(self, alpha: float = 0.1, clock: Callable[[], float] | None = None) -> None:
         self.alpha = alpha
-        self.clock = clock
+        self.clock = clock if clock is not None else time.monotonic
         self._pools = {p: _PoolEstimate(alpha) for p in Priority}
         self._all_tpot = _Ewma(alpha)
         self._all_ttft = _Ewma(alpha)
