@@ -75,8 +75,8 @@ class Pool:
         return self.queue[-1] if self.queue else None
 
     def position(self, req: SidecarRequest) -> int:
-        """Requests still queued before ``req`` (which is queued). Read from the head:
-        the request that has waited longest, the one this is asked about, is near it."""
+        """Requests still queued before ``req`` (which is queued), counted from the head
+        (asked once per request, when it has waited ``max_queue_delay_ms``)."""
         ahead = 0
         for queued in self.queue:
             if queued is req:
