@@ -67,9 +67,20 @@ class PoolConfig:
     """Most requests of this pool inside the engine at once."""
 
     max_queue_delay_ms: int = 10_000
-    """Longest a request may wait in this pool's queue. Arrivals whose estimated wait
-    is longer, and queued requests that have waited longer, are shed
-    (``queue_delay_exceeded``)."""
+    """Longest a request of this pool waits in its queue unless its own deadline shows
+    it can wait longer. An arrival whose estimated wait is longer, and a queued request
+    that has waited this long, is shed (``queue_delay_exceeded``) only when its
+    ``deadline_ts`` does not leave room for that wait (the rest of it, once queued) plus
+    its measured service time at the full batch, times ``deadline_slack``; otherwise
+    it waits on, until it starts, its deadline passes (``timeout``), or at the head of
+    the queue it can no longer finish (``deadline_infeasible``). Why: the deadline is
+    the caller's own word on how long an answer stays useful, and a fallback is a worse
+    answer than an on-time generated one, so a bound shorter than the deadline must not
+    turn work away that will finish in time. The estimated wait counts only once a
+    request has completed: before that the service time assumes every answer uses all
+    of ``max_tokens``, the wait is an upper bound, and no arrival is refused on it.
+    While the engine's speed is unknown (no calibration, nothing finished) this is a
+    plain cap on the time queued."""
 
     max_tokens_in_flight: int = 1 << 20
     """Most prompt plus ``max_tokens`` tokens of this pool inside the engine at once
@@ -206,11 +217,14 @@ class SchedulerConfig:
 
     deadline_admission: bool = True
     """Refuse (``deadline_infeasible``) requests whose estimated completion is after
-    their deadline, at admission and again when they reach the front of the queue."""
+    their deadline, at admission and again when they reach the front of the queue.
+    Until a request has completed, the estimate counts the service time alone (the
+    wait it would add is an upper bound, see ``PoolConfig.max_queue_delay_ms``)."""
 
     deadline_slack: float = 1.0
-    """Multiplier on the estimated wait plus service time in the feasibility test
-    (above 1 is more cautious, below 1 admits more)."""
+    """Multiplier on the estimated wait plus service time in the feasibility test and in
+    the test that lets a request wait past its pool's ``max_queue_delay_ms`` (above 1
+    is more cautious, below 1 admits more)."""
 
     max_tokens_cap: int = 2048
     """Largest ``max_tokens`` a request may ask for."""

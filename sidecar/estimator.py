@@ -31,7 +31,7 @@ import collections
 import math
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,7 +212,8 @@ class ServiceRateEstimator:
 
     Args:
         alpha: EWMA weight of each new observation.
-        clock: Monotonic clock in seconds (injectable for tests).
+        clock: Monotonic clock in seconds (injectable for tests; default
+            ``time.monotonic`` as it is when the estimator is made).
 
     Example:
         >>> est = ServiceRateEstimator()
@@ -222,9 +223,9 @@ class ServiceRateEstimator:
         1.08
     """
 
-    def __init__(self, alpha: float = 0.1, clock=time.monotonic) -> None:
+    def __init__(self, alpha: float = 0.1, clock: Callable[[], float] | None = None) -> None:
         self.alpha = alpha
-        self.clock = clock
+        self.clock = clock if clock is not None else time.monotonic
         self._pools = {p: _PoolEstimate(alpha) for p in Priority}
         self._all_tpot = _Ewma(alpha)
         self._all_ttft = _Ewma(alpha)
@@ -235,6 +236,9 @@ class ServiceRateEstimator:
         self.speed = BatchSpeedModel()
         self._finishes: collections.deque[float] = collections.deque()
         self._first_event: float | None = None
+        self.completed = 0
+        """Requests that completed in the engine since start (calibration aside): each
+        taught its pool how much of ``max_tokens`` an answer uses."""
 
     # -------------------------------------------------------------- observations
 
@@ -265,6 +269,7 @@ class ServiceRateEstimator:
                 self.speed.observe(batch, tpot_s)
         if max_tokens > 0 and output_tokens > 0:
             pool.output_ratio.update(min(1.0, output_tokens / max_tokens))
+            self.completed += 1
         self._record(self._finishes, self.clock())
 
     def calibrate(self, samples: Iterable[Any]) -> None:
@@ -304,8 +309,17 @@ class ServiceRateEstimator:
 
     @property
     def warm(self) -> bool:
-        """Whether any request has finished yet (before that, every estimate is 0 wait)."""
+        """Whether the engine's speed is known: calibrated or a request has finished
+        (before that, every estimate is 0 wait)."""
         return self._all_tpot.value is not None or self._all_ttft.value is not None
+
+    @property
+    def measured(self) -> bool:
+        """Whether a request has completed, so answer lengths are known. Before that the
+        service time of a request assumes it uses all of ``max_tokens``, so every queue
+        wait built on it is an upper bound, not an expectation: admission does not
+        refuse on it (:mod:`sidecar.admission.load`)."""
+        return self.completed > 0
 
     def ttft_s(self, priority: Priority, batch: float | None = None) -> float:
         """Seconds from dispatch to the first token. At ``batch`` sequences when given:

@@ -111,29 +111,39 @@ class LoadControl:
             share = weights[req.priority] / sum(weights.values())
         return [max(r.expected_end - now, step) for r in running], share
 
-    def natural_wait_s(self, req: SidecarRequest) -> float:
-        """Expected queue wait of ``req`` if admitted now, without preemption: the slots
-        it needs (its position in its pool), as running requests end and the engine
-        completes work."""
+    def natural_wait_s(self, req: SidecarRequest, ahead: int | None = None) -> float:
+        """Expected queue wait of ``req`` without preemption: the slots it needs (its
+        position in its pool), as running requests end and the engine completes work.
+
+        Args:
+            req: The request.
+            ahead: Requests before it in its pool's queue; ``None``: it is an arrival,
+                behind everything its pool has queued.
+        """
         assert req.priority is not None
         pool = self.pools[req.priority]
-        in_flight = self._in_flight()
-        if (in_flight + self.total_queued() < self.batch_limit(req.priority)
-                and pool.in_flight + pool.queued < pool.config.max_in_flight):
-            return 0.0  # everything queued starts at the next dispatch, this one too
+        if ahead is None:
+            ahead = pool.queued
+            in_flight = self._in_flight()
+            if (in_flight + self.total_queued() < self.batch_limit(req.priority)
+                    and pool.in_flight + pool.queued < pool.config.max_in_flight):
+                return 0.0  # everything queued starts at the next dispatch, this one too
         slots = min(pool.config.max_in_flight, self.config.max_in_flight)
         ends, share = self._slots_free_in_s(req)
         return self.estimator.queue_wait_s(
-            req.priority, ahead=pool.queued, slot_free=self.slot_free(req), share=share,
+            req.priority, ahead=ahead, slot_free=self.slot_free(req), share=share,
             slots=slots, service_s=self.estimator.service_s(req.priority,
                                                             max_tokens=req.max_tokens),
             slots_free_in_s=ends)
 
-    def preempt_wait_s(self, req: SidecarRequest) -> float | None:
+    def preempt_wait_s(self, req: SidecarRequest, ahead: int | None = None) -> float | None:
         """Expected wait of ``req`` when lower-priority work is preempted for it (one
-        decode step), or ``None`` when there is not enough to preempt."""
+        decode step), or ``None`` when there is not enough to preempt (for it and the
+        ``ahead`` requests before it; ``None``: all its pool has queued)."""
         assert req.priority is not None
-        if len(self.victims(req.priority)) < self.pools[req.priority].queued + 1:
+        if ahead is None:
+            ahead = self.pools[req.priority].queued
+        if len(self.victims(req.priority)) < ahead + 1:
             return None
         return self.estimator.tpot_s(req.priority, self._in_flight())
 
@@ -142,14 +152,75 @@ class LoadControl:
         cfg = self.config.preemption
         return cfg.enabled and str(priority) in cfg.immediate
 
-    def estimate_wait_s(self, req: SidecarRequest) -> float:
-        """Expected queue wait of ``req`` if it were admitted now, seconds (with
-        preemption for the priorities that preempt at once)."""
-        natural = self.natural_wait_s(req)
+    def estimate_wait_s(self, req: SidecarRequest, ahead: int | None = None) -> float:
+        """Expected queue wait of ``req`` if it were admitted now (``ahead``: see
+        :meth:`natural_wait_s`), seconds, with preemption for the priorities that
+        preempt at once."""
+        natural = self.natural_wait_s(req, ahead)
         if natural > 0.0 and self.preempts_at_once(req.priority):  # type: ignore[arg-type]
-            if (pre := self.preempt_wait_s(req)) is not None:
+            if (pre := self.preempt_wait_s(req, ahead)) is not None:
                 return min(natural, pre)
         return natural
+
+    def evidence_wait_s(self, wait_s: float) -> float:
+        """The part of an estimated wait a refusal may rest on: all of it once a request
+        has completed (:attr:`~sidecar.estimator.ServiceRateEstimator.measured`), none
+        before. Until then every service time assumes answers use all of
+        ``max_tokens``, so the wait is an upper bound: it may admit, never refuse."""
+        return wait_s if self.estimator.measured else 0.0
+
+    def _full_batch_service_s(self, req: SidecarRequest) -> float:
+        assert req.priority is not None
+        return self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
+                                        batch=self.config.max_in_flight)
+
+    def finishes_in_time(self, req: SidecarRequest, wait_s: float) -> bool:
+        """Whether the deadline and the measured service time say ``req`` finishes in
+        time after waiting ``wait_s``: ``deadline_slack`` x (wait + service at the full
+        batch, ``max_in_flight``) fits before ``deadline_ts``. ``False`` while the
+        engine's speed is unknown (not calibrated, nothing finished)."""
+        if not self.estimator.warm:
+            return False
+        left_ms = req.deadline_ts - now_ms()
+        service_s = self._full_batch_service_s(req)
+        return self.config.deadline_slack * (wait_s + service_s) * 1000.0 <= left_ms
+
+    def queue_delay_refusal(self, req: SidecarRequest, wait_s: float, *,
+                            queued: bool = False) -> Refusal | None:
+        """The ``queue_delay_exceeded`` refusal of ``req``, or ``None`` when it may wait.
+
+        The rule: a request may wait up to its pool's ``max_queue_delay_ms`` on no
+        evidence; it is refused for waiting longer only when the deadline and the
+        measured service time do not say it still finishes in time
+        (:meth:`finishes_in_time` after the wait). So ``max_queue_delay_ms`` is the
+        wait a pool accepts without that proof, never a cap below what the caller's
+        own deadline allows; while the engine's speed is unknown it is a plain cap.
+
+        Args:
+            req: An arrival (``queued`` false) or a request that has waited
+                ``max_queue_delay_ms`` in its queue (``queued`` true).
+            wait_s: The arrival's estimated wait, or the queued request's estimated
+                remaining wait; seconds, as given by :meth:`evidence_wait_s`.
+            queued: See ``req``.
+        """
+        assert req.priority is not None
+        limit = self.pools[req.priority].config.max_queue_delay_ms
+        if not queued and wait_s * 1000.0 <= limit:
+            return None
+        if self.finishes_in_time(req, wait_s):
+            return None
+        left_ms = req.deadline_ts - now_ms()
+        room = (f"the deadline, {left_ms} ms away, does not leave room for "
+                f"{'the rest of ' if queued else ''}its wait ({wait_s * 1000:.0f} ms) and "
+                f"its service ({self._full_batch_service_s(req) * 1000:.0f} ms)"
+                if self.estimator.warm else "the engine's speed is not measured yet")
+        if queued:
+            return Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
+                           f"waited {limit} ms in pool {req.priority} (max_queue_delay_ms) "
+                           f"and {room}")
+        return Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
+                       f"estimated queue wait {wait_s * 1000:.0f} ms exceeds pool "
+                       f"{req.priority}'s max_queue_delay_ms {limit}, and {room}")
 
     def fit_batch(self, req: SidecarRequest, wait_s: float, *,
                   largest: bool = False) -> int | None:

@@ -74,6 +74,17 @@ class Pool:
             self.queue.pop()
         return self.queue[-1] if self.queue else None
 
+    def position(self, req: SidecarRequest) -> int:
+        """Requests still queued before ``req`` (which is queued), counted from the head
+        (asked once per request, when it has waited ``max_queue_delay_ms``)."""
+        ahead = 0
+        for queued in self.queue:
+            if queued is req:
+                return ahead
+            if queued.status is RequestStatus.QUEUED:
+                ahead += 1
+        return ahead
+
     def has_room_for(self, req: SidecarRequest) -> bool:
         """Whether the pool's in-engine limits allow ``req`` to start now."""
         if self.in_flight >= self.config.max_in_flight:

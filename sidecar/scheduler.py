@@ -7,7 +7,8 @@ one :class:`~sidecar.admission.Ack` per request at once and hands each accepted 
 back to :meth:`Scheduler._enqueue`; it never waits for generation. What happens after
 that is here.
 
-Once queued, a request is shed when it has waited ``max_queue_delay_ms``, when
+Once queued, a request is shed when it has waited ``max_queue_delay_ms`` and its
+deadline does not leave room for the rest of its wait and its service, when
 a higher-priority arrival pushes the queue past its priority's watermark
 (newest first), or at the head of the queue when its deadline has become
 infeasible; it times out if its deadline passes while queued. A single
@@ -54,7 +55,7 @@ from typing import TYPE_CHECKING
 
 from sidecar.admission import Ack, Admission, Gate, Refusal
 from sidecar.config import SchedulerConfig
-from sidecar.contract import FinishReason, Priority, RefusalReason, Status, now_ms
+from sidecar.contract import FinishReason, Priority, Status, now_ms
 from sidecar.engines import Engine, EngineRequest
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
@@ -273,21 +274,29 @@ class Scheduler:
             self._timers.cancel(timer)
 
     def _expire_queued(self, req: SidecarRequest, deadline: bool) -> None:
-        """Still queued at its deadline (``timeout``) or after the pool's
-        ``max_queue_delay_ms`` (``shed``): finish it without engine work."""
+        """Still queued at its deadline (``timeout``, without engine work) or after the
+        pool's ``max_queue_delay_ms``: then shed (``queue_delay_exceeded``) unless its
+        deadline still leaves room for the rest of its wait and its measured service
+        time (:meth:`LoadControl.queue_delay_refusal`); such a request waits on, until
+        it starts, its deadline passes, or at the head of its queue it can no longer
+        finish (``deadline_infeasible``)."""
         self._queue_timers.pop(req.request_id, None)
         if req.status is not RequestStatus.QUEUED:
             return
-        self._leave_queue(req)
         if deadline:
+            self._leave_queue(req)
             req.error = "deadline passed while queued"
             self._finish(req, RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT)
-        else:
-            assert req.priority is not None
-            limit = self.pools[req.priority].config.max_queue_delay_ms
-            self._shed(req, Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
-                                    f"waited {limit} ms in pool {req.priority} "
-                                    f"(max_queue_delay_ms)"))
+            return
+        assert req.priority is not None
+        ahead = self.pools[req.priority].position(req)
+        wait_s = self.load.evidence_wait_s(self.load.estimate_wait_s(req, ahead))
+        if refusal := self.load.queue_delay_refusal(req, wait_s, queued=True):
+            self._leave_queue(req)
+            self._shed(req, refusal)
+        else:  # only its deadline ends its wait now
+            self._queue_timers[req.request_id] = self._timers.call_later(
+                (req.deadline_ts - now_ms()) / 1000.0, self._expire_queued, req, True)
 
     # ------------------------------------------------------------------ dispatch
 

@@ -5,10 +5,17 @@ In order (first refusal wins; all ``shed``, none of them does engine work):
 1. its pool is full (``queue_full``);
 2. load shedding: the total queue depth or the tokens in the engine reached the
    watermark of its priority (``overloaded``; never ``high``);
-3. the estimated queue wait is over its pool's ``max_queue_delay_ms``
-   (``queue_delay_exceeded``);
+3. the estimated queue wait is over its pool's ``max_queue_delay_ms`` and the
+   deadline does not leave room for that wait plus the measured service time
+   (``queue_delay_exceeded``; the rule is
+   :meth:`~sidecar.load_control.LoadControl.queue_delay_refusal`);
 4. the estimated completion (queue wait + service) is after ``deadline_ts`` even in
    the smallest batch preemption can give it (``deadline_infeasible``).
+
+Both rest on the estimated wait only once a request has completed
+(:meth:`~sidecar.load_control.LoadControl.evidence_wait_s`): before that, nothing the
+sidecar has seen says how long answers are, the wait is an upper bound, and a fresh
+sidecar refuses nothing for its queue (step 4 then counts the service time alone).
 
 The estimates come from :class:`~sidecar.load_control.LoadControl`, the load model the
 dispatcher uses too; this step only decides.
@@ -51,11 +58,10 @@ class LoadCheck:
                            f"(max_queued {pool.config.max_queued})")
         if req.priority is not Priority.HIGH and (why := self.over_watermark(req.priority)):
             return Refusal(RefusalReason.OVERLOADED, f"load shedding: {why}")
-        wait_s = self.wait_s = load.estimate_wait_s(req)
-        if wait_s * 1000.0 > pool.config.max_queue_delay_ms:
-            return Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,
-                           f"estimated queue wait {wait_s * 1000:.0f} ms exceeds pool "
-                           f"{req.priority}'s max_queue_delay_ms {pool.config.max_queue_delay_ms}")
+        self.wait_s = load.estimate_wait_s(req)
+        wait_s = load.evidence_wait_s(self.wait_s)
+        if refusal := load.queue_delay_refusal(req, wait_s):
+            return refusal
         if self.config.deadline_admission and load.estimator.warm:
             if load.fit_batch(req, wait_s) is None and not self._fits_with_preemption(req):
                 return self._infeasible(req, wait_s)

@@ -44,6 +44,23 @@ async def _idle(s: Scheduler) -> None:
     await until(lambda: not sum(s.stats().in_flight.values()) and not s.stats().late_in_flight)
 
 
+async def _barrier(s: Scheduler, results: list[ResultRecord], *, max_tokens: int,
+                   priority: Priority = NORMAL) -> ResultRecord:
+    """Send a request of ``max_tokens`` through the idle scheduler and engine and wait
+    for its row: a positive event after which a row that was still to come (generation
+    that went on, a timer) would have come, since it started no later. Its row is left
+    out of ``results``."""
+    rid = f"barrier-{len(results)}"
+    [ack] = s.submit_batch([make_sidecar_request(rid, priority=priority,
+                                                 max_tokens=max_tokens)])
+    assert ack.accepted
+    await until(lambda: any(r.request_id == rid for r in results), 20)
+    row = next(r for r in results if r.request_id == rid)
+    results.remove(row)
+    assert (row.status, row.output_tokens) == ("ok", max_tokens), row
+    return row
+
+
 def test_finish_and_backfill_answers_at_the_deadline_then_backfills_once() -> None:
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
         req = make_sidecar_request("late", priority=LOW, max_tokens=100, deadline_in_ms=200)
@@ -53,10 +70,11 @@ def test_finish_and_backfill_answers_at_the_deadline_then_backfills_once() -> No
         assert s.stats().late_in_flight == 1
         await until(lambda: len(results) == 2, 10)
         await _idle(s)
-        await asyncio.sleep(5 * STEP_MS / 1000)
+        await _barrier(s, results, max_tokens=5)
         assert len(results) == 2
         stats = s.stats()
-        assert stats.results_by_status["timeout"] == 1 and stats.results_by_status["ok"] == 0
+        # The one ok is the barrier's (a normal request): a late row is not terminal.
+        assert stats.results_by_status["timeout"] == 1 and stats.results_by_status["ok"] == 1
         assert (stats.late_results, stats.late_aborted, stats.late_in_flight) == (1, 0, 0)
         assert stats.pools[LOW].results_by_status == {"timeout": 1}
         metrics = SidecarMetrics(s)
@@ -87,7 +105,10 @@ def test_abort_pool_gives_one_timeout_row() -> None:
                                              deadline_in_ms=200)])
         await until(lambda: len(results) == 1, 5)
         await _idle(s)
-        await asyncio.sleep(0.6)  # past the time generation would have taken
+        assert not s.engine.stats().running  # aborted in the engine too
+        # 100 tokens started after the request: its own generation, had it gone on,
+        # would have ended first.
+        await _barrier(s, results, max_tokens=100)
         assert len(results) == 1 and s.stats().late_results == 0
 
     (row,) = asyncio.run(with_scheduler(_engine(), _config(), body))
@@ -101,7 +122,8 @@ def test_request_still_queued_at_its_deadline_just_times_out() -> None:
         s.submit_batch([make_sidecar_request("queued", priority=LOW, deadline_in_ms=100)])
         await until(lambda: {r.request_id for r in results} == {"blocker", "queued"}, 10)
         await _idle(s)
-        await asyncio.sleep(0.1)
+        # Through the same queue and engine slot: a start of "queued" would come first.
+        await _barrier(s, results, max_tokens=10, priority=LOW)
 
     results = asyncio.run(with_scheduler(_engine(1), _config(1), body))
     (row,) = _rows(results, "queued")
@@ -124,7 +146,10 @@ def test_late_work_gives_its_slot_to_an_on_time_request() -> None:
         await until(lambda: len(results) == 2, 5)
         assert loop.time() - submitted < 1.0, "the on-time request waited for late work"
         await _idle(s)
-        await asyncio.sleep(2.2)  # the late request would have finished by now
+        assert not s.engine.stats().running  # the late request left the engine
+        # 400 tokens in the same slot, started after the late request: had it gone on,
+        # its late row would have come first.
+        await _barrier(s, results, max_tokens=400)
         stats = s.stats()
         assert (stats.late_results, stats.late_aborted, stats.late_in_flight) == (0, 1, 0)
 
@@ -168,7 +193,8 @@ def test_drain_aborts_late_work_at_once() -> None:
         # "late" is aborted at once; "running" reaches its deadline while draining and
         # is aborted there (no late work while draining); neither waits for generation.
         assert loop.time() - start < 1.5
-        await asyncio.sleep(0.2)
+        # Both left the engine, and drain() awaited their tasks: no row can follow.
+        assert not s.engine.stats().running and not s.engine.stats().waiting
         stats = s.stats()
         assert (stats.late_results, stats.late_aborted, stats.late_in_flight) == (0, 1, 0)
 

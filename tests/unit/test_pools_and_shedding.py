@@ -204,6 +204,14 @@ def test_metrics_count_every_result_with_priority_status_and_reason() -> None:
     assert 'sts_sidecar_queue_depth{priority="low"} 0.0' in text
 
 
+async def _dispatch_pass(s: Scheduler) -> None:
+    """Wake the dispatcher and return once it has run one more pass (it clears its wake
+    event, then starts whatever can start without awaiting): what did not start by then
+    was held back by a limit, not by the test being early."""
+    s._wake.set()
+    await until(lambda: not s._wake.is_set())
+
+
 def test_a_burst_into_one_pool_starts_in_order_within_the_pool_and_engine_limits() -> None:
     """Dispatch starts a run of heads from the only pool that can start work: FIFO, up to
     the pool's max_in_flight; a second pool then gets the engine's last slot."""
@@ -213,12 +221,12 @@ def test_a_burst_into_one_pool_starts_in_order_within_the_pool_and_engine_limits
         s.submit_batch([make_sidecar_request(f"l{i}", priority=LOW, max_tokens=2000)
                         for i in range(6)])
         await until(lambda: s.pools[LOW].in_flight == 2)
-        await asyncio.sleep(0.01)
+        await _dispatch_pass(s)
         assert list(s.pools[LOW].running) == ["l0", "l1"] and s.pools[LOW].queued == 4
         s.submit_batch([make_sidecar_request(f"n{i}", priority=NORMAL, max_tokens=2000)
                         for i in range(2)])
         await until(lambda: s.pools[NORMAL].in_flight == 1)
-        await asyncio.sleep(0.01)
+        await _dispatch_pass(s)
         assert list(s.pools[NORMAL].running) == ["n0"] and s._in_flight_total == 3
         assert s.pools[LOW].in_flight == 2
 

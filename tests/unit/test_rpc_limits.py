@@ -39,10 +39,13 @@ def test_inflight_request_bytes_are_capped(tmp_path: Path) -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await channel.channel_ready()
             stub = pb_grpc.InferenceStub(channel)
-            # A blocking Generate holds its (small) bytes until its result: ~100 steps.
+            # A blocking Generate holds its (small) bytes until its result: ~200 steps.
             slow = asyncio.ensure_future(stub.Generate(request_to_proto(
-                make_request("slow", max_tokens=100))))
-            await asyncio.sleep(0.2)
+                make_request("slow", max_tokens=200))))
+            async with asyncio.timeout(20):  # until it is admitted: its bytes are held
+                while not (await stub.GetStats(pb.GetStatsRequest())).accepted:
+                    await asyncio.sleep(0.01)
+            assert not slow.done()
             try:
                 await stub.SubmitBatch(big)
             except grpc.aio.AioRpcError as e:

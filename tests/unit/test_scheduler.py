@@ -43,7 +43,7 @@ def test_every_request_ends_exactly_once_under_overload() -> None:
                                  max_tokens=rng.choice([5, 20, 80, 400]),
                                  deadline_in_ms=rng.choice([50, 300, 2000]))
                             for i in range(start, start + 30)])
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the arrival pattern, not a wait for a state
         await until(lambda: len(results) == n, 30)
         stats = s.stats()
         assert sum(stats.queued.values()) == sum(stats.in_flight.values()) == 0
@@ -59,7 +59,7 @@ def test_every_request_ends_exactly_once_under_overload() -> None:
 def test_high_runs_before_queued_low_on_simulated_engine() -> None:
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
         s.submit_batch([make_sidecar_request(f"low{i}", priority=Priority.LOW, max_tokens=30) for i in range(4)])
-        await asyncio.sleep(0.005)
+        await until(lambda: s.pools[Priority.LOW].in_flight == 1)  # low0 holds the slot
         s.submit_batch([make_sidecar_request("high", priority=Priority.HIGH, max_tokens=30)])
         await until(lambda: len(results) == 5)
 
@@ -72,7 +72,7 @@ def test_high_runs_before_queued_low_on_simulated_engine() -> None:
 def test_drain_timeout_aborts_leftovers_with_one_result_each() -> None:
     async def body(s: Scheduler, results: list[ResultRecord]) -> None:
         s.submit_batch([make_sidecar_request(f"d{i}", max_tokens=2000) for i in range(3)])
-        await asyncio.sleep(0.05)
+        await until(lambda: s.pools[Priority.NORMAL].in_flight == 1)  # d0 generates
         await s.drain(timeout_s=0.1)
         late = s.submit_batch([make_sidecar_request("after-drain")])[0]
         assert late.reason is RefusalReason.DRAINING

@@ -158,9 +158,16 @@ def test_spark_submit_sends_only_the_chosen_rows_and_passes_the_others_through()
         async with _server() as (target, results):
             out = await asyncio.to_thread(lambda: pa.Table.from_batches(list(submit_batches(
                 iter([batch]), SidecarEndpointConfig(endpoint=target), submit_when="go"))))
-            await until(lambda: len(results) >= 2)
-            await asyncio.sleep(0.2)  # a request sent by mistake would have finished too
-            return out, list(results)
+            async with grpc.aio.insecure_channel(target) as channel:
+                stub = pb_grpc.InferenceStub(channel)
+                # submit_batches returned after its acks: all it sent is admitted by now.
+                assert (await stub.GetStats(pb.GetStatsRequest())).submitted == 2
+                # Sent after them, through the same pool and twice as long: a request
+                # sent by mistake (16 tokens) would have its row before this one's.
+                await stub.SubmitBatch(pb.SubmitBatchRequest(requests=[
+                    _request("barrier", max_tokens=32)]))
+                await until(lambda: any(r.request_id == "barrier" for r in results))
+            return out, [r for r in results if r.request_id != "barrier"]
 
     out, results = asyncio.run(main())
     assert "prompt" not in out.column_names
