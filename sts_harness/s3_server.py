@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -112,12 +113,13 @@ class S3Server:
             "AWS_ALLOW_HTTP": "true",
         }
 
-    def client(self) -> Any:
-        """A boto3 S3 client on this server."""
+    def client(self, **kwargs: Any) -> Any:
+        """A boto3 S3 client on this server (``kwargs`` go to ``boto3.client``, e.g. a
+        botocore ``config``)."""
         import boto3
 
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY, region_name=REGION)
+                            aws_secret_access_key=SECRET_KEY, region_name=REGION, **kwargs)
 
     def keys(self, prefix: str = "") -> list[str]:
         """Every key under ``prefix`` in the bucket, sorted."""
@@ -140,13 +142,17 @@ class S3Server:
             raise S3ServerError("the S3 test server needs moto[server] "
                                 "(pip install 'moto[server]')")
         self.port = self._port or free_port()
+        # The server logs a line per request to stderr: into a file, never a pipe nobody
+        # reads (a full pipe blocks moto's request threads, and with them every S3 call).
+        self._log = tempfile.TemporaryFile()
         self._server = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=self._log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         while True:
             if self._server.poll() is not None:
-                err = (self._server.stderr.read() or b"").decode(errors="replace").strip()
+                self._log.seek(0)
+                err = self._log.read().decode(errors="replace").strip()
                 self._server = None
                 raise S3ServerError(f"the S3 test server (moto) exited: {err[-300:]}")
             try:
@@ -170,6 +176,7 @@ class S3Server:
                     self._server.wait()
             finally:
                 self._server = None
+                self._log.close()
 
     def __enter__(self) -> "S3Server":
         return self.start()

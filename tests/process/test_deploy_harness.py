@@ -35,6 +35,19 @@ def test_the_s3_server_refuses_a_second_conditional_put(s3_server) -> None:
         client.put_object(Bucket=s3_server.bucket, Key=key, Body=b"2", IfNoneMatch="*")
 
 
+def test_the_s3_server_keeps_serving_after_thousands_of_requests(s3_server) -> None:
+    """The server logs a line per request; a log nobody reads must not block it (a full
+    stderr pipe once hung a Connect pipeline test mid-write). 1,500 requests are ~130 kB of
+    log, well past a pipe's 64 kB; each call times out in 10 s rather than hang."""
+    from botocore.config import Config
+
+    client = s3_server.client(config=Config(read_timeout=10, retries={"max_attempts": 0}))
+    key = _prefix("many") + "/k"
+    client.put_object(Bucket=s3_server.bucket, Key=key, Body=b"1")
+    for _ in range(1500):
+        client.head_object(Bucket=s3_server.bucket, Key=key)
+
+
 def test_deltalake_round_trip_on_s3_with_app_transactions_and_merge(s3_server) -> None:
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
