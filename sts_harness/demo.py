@@ -300,6 +300,10 @@ def run_demo(opts: DemoOptions) -> dict:
         config = demo_config(opts, out, sidecar.target, token_file, bootstrap=bootstrap)
         pipeline = StsPipeline(spark, config)
         stack.callback(pipeline.stop)
+        if bootstrap:  # the demo's own topic: made here, the pipeline reads it at start
+            from spark_ext.sources.kafka import ensure_topics
+
+            ensure_topics({"bootstrap.servers": bootstrap}, [DEMO_TOPIC])
         sink = (KafkaTopicSink(bootstrap, DEMO_TOPIC) if bootstrap
                 else FolderSink(out / "events"))
         replayer = sample_replayer(sink, opts.rate, opts.duration, load_samples())

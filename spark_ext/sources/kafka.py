@@ -93,7 +93,17 @@ class KafkaEventSource(EventSource):
     formats = ("kafka",)
 
     def read_stream(self, spark: SparkSession) -> DataFrame:
+        """The records as events; a ``subscribe``d topic that does not exist is refused
+        here, by name (the pipeline never creates a topic it reads events from)."""
+        from spark_ext.exceptions import PipelineConfigError
+
         options = {**self.pipeline_config.kafka.spark_options(), **self.config.options}
+        if topics := [t.strip() for t in options.get("subscribe", "").split(",") if t.strip()]:
+            kafka = self.pipeline_config.kafka
+            if missing := missing_topics(kafka.producer_config(), topics):
+                raise PipelineConfigError(
+                    f"source.options.subscribe: topic(s) {', '.join(missing)} do not exist on "
+                    f"{kafka.producer_config().get('bootstrap.servers')}; create them first")
         records = spark.readStream.format("kafka").options(**options).load()
         return parse_events(records, self.config, self.required)
 
@@ -202,15 +212,83 @@ def result_topics_options(config: PipelineConfig, *, now_ms: int | None = None
             "startingOffsetsByTimestampStrategy": "latest"}
 
 
+def _admin(producer_config: dict[str, str]) -> Any | None:
+    try:
+        from confluent_kafka.admin import AdminClient
+    except ImportError:
+        return None
+    return AdminClient(producer_config)
+
+
+def missing_topics(producer_config: dict[str, str], topics: list[str], *,
+                   timeout_s: float = 30.0) -> list[str] | None:
+    """Those of ``topics`` the cluster does not have (``None``: cannot tell, confluent-kafka
+    is not installed). Spark's Kafka source fails a query at once on a subscribed topic
+    that does not exist, with a message that does not name it.
+
+    Raises:
+        PipelineConfigError: no broker answered.
+    """
+    from spark_ext.exceptions import PipelineConfigError
+
+    if (admin := _admin(producer_config)) is None:
+        return None
+    try:
+        have = set(admin.list_topics(timeout=timeout_s).topics)
+    except Exception as e:  # noqa: BLE001 - KafkaException: no broker answered
+        raise PipelineConfigError(f"cannot list the Kafka topics at "
+                                  f"{producer_config.get('bootstrap.servers')}: {e}") from None
+    return [t for t in topics if t not in have]
+
+
+def ensure_topics(producer_config: dict[str, str], topics: list[str], *,
+                  timeout_s: float = 30.0) -> list[str]:
+    """Create those of ``topics`` the cluster does not have (its default partitions and
+    replication); return the ones created. A result topic exists only once a sidecar
+    has produced to it, and the answers query subscribes to it before that.
+
+    Raises:
+        PipelineConfigError: a topic is missing and could not be created (no rights, no
+            broker): the message names it and says what to do.
+    """
+    from spark_ext.exceptions import PipelineConfigError
+
+    missing = missing_topics(producer_config, topics, timeout_s=timeout_s)
+    if missing is None:
+        logger.warning("Cannot check the topics %s (confluent-kafka is missing: pip install "
+                       "'sts-spark[kafka]'); the query fails if one does not exist.",
+                       ", ".join(topics))
+        return []
+    if not missing:
+        return []
+    from confluent_kafka.admin import NewTopic
+
+    admin, created = _admin(producer_config), []
+    futures = admin.create_topics([NewTopic(t) for t in missing], request_timeout=timeout_s)
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+            created.append(topic)
+        except Exception as e:  # noqa: BLE001 - KafkaException
+            if "TOPIC_ALREADY_EXISTS" in str(e) or "already exists" in str(e):
+                continue  # made meanwhile (a sidecar's first result, another pipeline)
+            raise PipelineConfigError(
+                f"topic {topic!r} does not exist and could not be created ({e}); create "
+                "it, or give the pipeline's Kafka user the right to") from None
+    logger.info("Created the topic(s) %s.", ", ".join(created))
+    return created
+
+
 def read_result_topics(spark: SparkSession, config: PipelineConfig) -> DataFrame:
     """The ``kafka`` result channel: the result topics read with Spark's Kafka source,
     each record's JSON value turned into the result columns (the files channel's
-    schema). A record that does not parse keeps only its ``request_id`` (the key) and
+    schema). Result topics that do not exist yet are created first (:func:`ensure_topics`). A record that does not parse keeps only its ``request_id`` (the key) and
     ``status`` null; the answers query counts and skips it."""
     from sidecar.contract import RESULT_SCHEMA
     from spark_ext.schemas import spark_schema
 
     schema = spark_schema(RESULT_SCHEMA)
+    ensure_topics(config.kafka.producer_config(), config.result_topics())
     records = spark.readStream.format("kafka").options(**result_topics_options(config)).load()
     row = F.from_json(F.col("value").cast("string"), schema)
     return records.select(row.alias("r"), F.col("key").cast("string").alias("_key")) \

@@ -231,6 +231,34 @@ def test_the_answers_topic_has_one_record_per_event_after_a_restart(
     assert {json.loads(m.value())["answer_source"] for m in records} == {"llm"}
 
 
+def test_missing_result_topics_are_created_once(kafka_broker) -> None:
+    """Spark's Kafka source fails on a subscribed topic that does not exist; a result
+    topic exists only after a sidecar's first result. The pipeline creates them."""
+    from spark_ext.sources.kafka import ensure_topics
+
+    producer = {"bootstrap.servers": kafka_broker.bootstrap_servers}
+    topics = [_topic("made.result.high"), _topic("made.result.low")]
+    assert sorted(ensure_topics(producer, topics)) == sorted(topics)
+    assert ensure_topics(producer, topics) == []
+
+
+def test_an_events_topic_that_does_not_exist_is_refused_by_name(
+        spark, kafka_broker, tmp_path: Path) -> None:
+    """Spark's own error for it names no topic; the pipeline's start does, and starts
+    leaves no query running."""
+    from spark_ext.exceptions import PipelineConfigError
+
+    topic = _topic("never-made")
+    pipeline = StsPipeline(spark, _config(tmp_path, kafka_broker.bootstrap_servers, topic,
+                                          "127.0.0.1:1", sidecar={"check_at_start": False}))
+    try:
+        with pytest.raises(PipelineConfigError, match=f"{topic} do not exist"):
+            pipeline.start()
+    finally:
+        pipeline.stop()
+    assert not [q for q in spark.streams.active if q.name and q.name.startswith("sts-")]
+
+
 def _job(config: Path, log: Path):
     """``spark-submit spark_ext/pipeline/job.py`` with the Kafka connector, as its own
     process group (so that a kill -9 takes the JVM and the driver's Python together)."""
@@ -249,7 +277,7 @@ def _job(config: Path, log: Path):
          "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
          str(REPO / "spark_ext" / "pipeline" / "job.py"), "--config", str(config),
          "--progress", "1", "--until-idle", "6", "--timeout", "300"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True,
+        cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True,
         process_group=0)
 
 
@@ -309,7 +337,7 @@ def test_a_killed_job_and_a_restarted_sidecar_lose_no_event(kafka_broker, tmp_pa
     restarted.port, restarted.target = port, f"127.0.0.1:{port}"
     with restarted:
         job = _job(conf, tmp_path / "job2.log")
-        out, _ = job.communicate(timeout=400)
+        job.wait(timeout=400)
     assert job.returncode == 0, (tmp_path / "job2.log").read_text()[-3000:]
     from deltalake import DeltaTable
 

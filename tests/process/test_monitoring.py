@@ -31,6 +31,7 @@ import yaml
 
 from spark_ext.config import PipelineConfig
 from spark_ext.pipeline.sts_pipeline import StsPipeline
+from spark_ext.sources.kafka import ensure_topics
 from sts_harness.replay import KafkaTopicSink
 from tests.utils import REPO, RemoteSidecar, free_port, require_tool, wait_until
 
@@ -173,6 +174,7 @@ def loaded(spark, kafka_broker, tmp_path_factory: pytest.TempPathFactory
                 "--set", "results.flush_interval_s=0.05",
                 "--metrics-port", str(sidecar_port)], log_path=tmp / "sidecar.log"))
         topic = f"monitored-{os.getpid()}"  # events on Kafka: the lag panel has series too
+        ensure_topics({"bootstrap.servers": kafka_broker.bootstrap_servers}, [topic])
         cfg = PipelineConfig.from_dict({
             "source": {"format": "kafka", "schema": "event_id STRING, text STRING, "
                        "priority STRING, event_ts LONG, budget INT",
@@ -192,8 +194,13 @@ def loaded(spark, kafka_broker, tmp_path_factory: pytest.TempPathFactory
         prometheus = stack.enter_context(Prometheus(
             tmp, f"127.0.0.1:{sidecar_port}", f"127.0.0.1:{driver_port}"))
         # Every target scraped once before the traffic, so rates over the window see it.
-        wait_until(lambda: sorted(float(s["value"][1]) for s in prometheus.query("up")) == [1, 1],
-                   30, 0.2, what="both targets scraped")
+        try:
+            wait_until(lambda: sorted(float(s["value"][1]) for s in prometheus.query("up"))
+                       == [1, 1], 60, 0.2, what="both targets scraped")
+        except AssertionError as e:  # say which target and why
+            raise AssertionError(f"{e}: " + "; ".join(
+                f"{t['scrapeUrl']} {t['health']} {t['lastError']!r} in {t['lastScrapeDuration']} s"
+                for t in prometheus.api("targets")["activeTargets"])) from None
         events = _events()
         sink = KafkaTopicSink(kafka_broker.bootstrap_servers, topic)
         sink(0, 0, events)

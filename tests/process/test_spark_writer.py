@@ -134,8 +134,11 @@ def test_the_table_safety_net_answers_what_a_killed_sidecar_never_sent(
         spark, tmp_path: Path) -> None:
     """Delta on Spark keeps no list of open requests in the driver: the safety net asks
     the tables. Accepted requests whose sidecar is killed get the fallback
-    (``no_result``) after their deadline plus the grace."""
-    with _sidecar(tmp_path, "killed", "--set", "engine.simulated.step_base_ms=2000") as sidecar:
+    (``no_result``) after their deadline plus the grace. No warm-up: at 2 s a step it
+    takes a minute, and a calibrated sidecar refuses the 128 s of work at once
+    (``deadline_infeasible``) instead of accepting it."""
+    with _sidecar(tmp_path, "killed", "--set", "engine.simulated.step_base_ms=2000",
+                  "--set", "warmup.enabled=false") as sidecar:
         pipeline = StsPipeline(spark, _config(
             tmp_path, sidecar.target, writer="spark",
             tagging={"sla_ms": {"high": 20_000, "normal": 20_000, "low": 20_000},
