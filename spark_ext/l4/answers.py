@@ -26,6 +26,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sidecar.contract import RefusalReason, Status
+
 #: Partition column of every table: the UTC hour of ``enqueue_ts`` (:func:`hour_of`).
 PARTITION = "enqueue_hour"
 
@@ -176,9 +178,9 @@ def answers_from_refusals(acks: pa.Table, *, key_columns: list[str], fallback_te
     return out
 
 
-#: Refusal reasons (as ack strings) that mean "shed under load", not "invalid".
-_SHED_REASONS = frozenset({"queue_full", "deadline_infeasible", "draining", "overloaded",
-                           "queue_delay_exceeded", "engine_unavailable"})
+#: Refusal reasons (as ack strings) that mean "shed under load", not "invalid": the
+#: contract's own split (``RefusalReason.status``).
+_SHED_REASONS = frozenset(str(r) for r in RefusalReason if r.status is Status.SHED)
 
 
 def answers_for_lost(pending: Iterable[Mapping], *, key_columns: list[str], fallback_text: str

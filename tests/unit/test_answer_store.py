@@ -63,6 +63,19 @@ def test_refused_acks_become_fallbacks_by_cause() -> None:
         ("y", "shed", "queue_full", "rule"), ("z", "unavailable", "unavailable", "generic")]
 
 
+def test_every_shed_reason_of_the_contract_is_a_shed_answer() -> None:
+    """The answer's status follows the contract's split (``results_backlog``, added with
+    the Kafka channel, is load, not invalid input)."""
+    from sidecar.contract import RefusalReason, Status
+
+    shed = sorted(str(r) for r in RefusalReason if r.status is Status.SHED)
+    acks = pa.table({"request_id": shed, "accepted": [False] * len(shed), "reason": shed,
+                     "event_id": shed, "priority": ["low"] * len(shed)})
+    rows = answers_from_refusals(acks, key_columns=KEYS, fallback_text="generic")
+    assert "results_backlog" in shed
+    assert {r["reason"]: r["status"] for r in rows} == dict.fromkeys(shed, "shed")
+
+
 def test_each_request_gets_one_answer_and_replays_append_nothing(tmp_path: Path) -> None:
     store = _store(tmp_path)
     rows = answers_from_results(_results(_result("a"), _result("b")), key_columns=KEYS,
