@@ -67,6 +67,11 @@ class _PipelineCollector(Collector):
         for rule, n in sorted(failures.items()):
             invalid.add_metric([rule], n)
         yield invalid
+        dead = CounterMetricFamily(f"{_PREFIX}_dead_letters",
+                                   "Source records that are not events (the dead_letters "
+                                   "table).")
+        dead.add_metric([], p.dead_letters)
+        yield dead
 
 
 class PipelineMetrics(StreamingQueryListener):
