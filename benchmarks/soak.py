@@ -47,7 +47,7 @@ class SoakSampler(threading.Thread):
         self.me = psutil.Process()
         self.rows: list[dict] = []
         self.start_s = time.monotonic()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def _sidecar(self):
         for child in self.me.children(recursive=True):
@@ -101,11 +101,11 @@ class SoakSampler(threading.Thread):
         return row
 
     def run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while not self._halt.wait(self.every_s):
             self.sample()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 

@@ -41,7 +41,7 @@ class _Sampler(threading.Thread):
         self.driver = psutil.Process()
         self.jvm = psutil.Process(jvm_pid)
         self.samples: list[dict] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def _tree_cpu(self) -> float:
         total = 0.0
@@ -60,11 +60,11 @@ class _Sampler(threading.Thread):
                 "executor_cpu_s": self._tree_cpu()}
 
     def run(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._halt.wait(1.0):
             self.samples.append(self.sample())
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 
