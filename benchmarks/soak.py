@@ -4,16 +4,22 @@ the landing folder, the results folder and the tables, and the answer lag (how l
 last minute's answers took, event to answer).
 
     python -m benchmarks.soak                               # 60 minutes, real SmolLM2
+    python -m benchmarks.soak --minutes 15 --source kafka   # events and results over Kafka
     python -m benchmarks.soak --minutes 10 --engine simulated --out /tmp/soak
 
 Writes ``soak.json`` (one row a minute) and ``soak.png`` (one panel per figure) into
-``--out``; flat lines are the goal.
+``--out``; flat lines are the goal. The tables are sampled twice: their folders on disk
+(live files plus the files compaction replaced, kept ``maintenance.vacuum_retention_hours``
+for readers and time travel) and their live files (what the latest version reads).
+``--replot`` reads a ``soak.json`` again, fills in what an older run did not sample
+(the live tables, read from the tables' Delta logs at each sample's time) and redraws it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -32,7 +38,114 @@ def _folder_mb(path: Path) -> float:
 
 
 def _files(path: Path) -> int:
-    return sum(1 for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+    return _files_named(path, "*")
+
+
+def _files_named(path: Path, pattern: str) -> int:
+    return sum(1 for p in path.rglob(pattern) if p.is_file()) if path.exists() else 0
+
+
+#: The tables the demo writes (under ``<out>/tables``).
+TABLES = ("answers", "requests", "results")
+
+
+def live_tables(tables: str, at_ms: int | None = None) -> dict:
+    """Files and MB the tables' latest versions read (at ``at_ms``, epoch ms, with time
+    travel when given), summed over :data:`TABLES`; tables not yet created count 0."""
+    import datetime
+
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    files = size = 0
+    for name in TABLES:
+        path = Path(tables) / name
+        if not (path / "_delta_log").is_dir():
+            continue
+        dt = DeltaTable(str(path))
+        if at_ms is not None:
+            try:
+                dt.load_as_version(datetime.datetime.fromtimestamp(at_ms / 1000,
+                                                                   datetime.timezone.utc))
+            except Exception:  # noqa: BLE001 - the table was created after at_ms
+                continue
+            if _created_ms(path) > at_ms:  # delta-rs falls back to version 0
+                continue
+        adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+        files += len(adds["path"])
+        size += sum(adds["size_bytes"])
+    return {"files": files, "mb": round(size / 2**20, 2)}
+
+
+def _created_ms(table: Path) -> int:
+    """When the local Delta table ``table`` was created: its first commit's timestamp."""
+    first = table / "_delta_log" / f"{0:020d}.json"
+    for line in first.read_text(encoding="utf-8").splitlines():
+        action = json.loads(line)
+        if "commitInfo" in action:
+            return int(action["commitInfo"]["timestamp"])
+    return int(first.stat().st_mtime * 1000)
+
+
+def _table_facts(tables: str, since_ms: int) -> dict:
+    """What the sampler's child process reads: the lag and the live tables."""
+    answers = Path(tables) / "answers"
+    lag = answer_lag(str(answers), since_ms) if (answers / "_delta_log").is_dir() \
+        else {"answers": 0, "p50": None, "p99": None}
+    return {"lag_ms": lag, "tables_live": live_tables(tables)}
+
+
+def lag_windows(table: str, minutes: float = 10.0) -> list[dict]:
+    """The answers in the Delta table ``table`` per ``minutes`` of event time: how many,
+    the fallback share, and P50/P99 of event -> submitted (Spark's share), received ->
+    finished (the sidecar's) and event -> answer landed."""
+    from deltalake import DeltaTable
+
+    from sidecar import percentiles
+
+    rows = DeltaTable(table).to_pyarrow_dataset().to_table(columns=[
+        "enqueue_ts", "submit_ts", "received_ts", "finish_ts", "latency_ms",
+        "answer_source"]).to_pylist()
+    rows = [r for r in rows if r["enqueue_ts"] is not None]
+    if not rows:
+        return []
+    start, width = min(r["enqueue_ts"] for r in rows), int(minutes * 60_000)
+    windows: dict[int, list[dict]] = {}
+    for r in rows:
+        windows.setdefault((r["enqueue_ts"] - start) // width, []).append(r)
+
+    def hop(mine: list[dict], end: str, begin: str) -> dict:
+        return percentiles([r[end] - r[begin] for r in mine
+                            if r[end] is not None and r[begin] is not None], (50, 99), digits=0)
+
+    return [{"from_minute": k * minutes, "answers": len(mine),
+             "fallback_pct": round(100 * sum(r["answer_source"] == "fallback"
+                                             for r in mine) / len(mine), 1),
+             "event_to_submitted_ms": hop(mine, "submit_ts", "enqueue_ts"),
+             "received_to_finished_ms": hop(mine, "finish_ts", "received_ts"),
+             "event_to_answer_ms": percentiles([r["latency_ms"] for r in mine
+                                                if r["latency_ms"] is not None],
+                                               (50, 99), digits=0)}
+            for k, mine in sorted(windows.items())]
+
+
+def answer_lag(table: str, since_ms: int) -> dict:
+    """The number of answers in the Delta table ``table``, the P50/P99 ``latency_ms``
+    (event to answer) of those answered since ``since_ms`` and their P50 from event to
+    submitted (``submit_p50``, Spark's share of the way)."""
+    from deltalake import DeltaTable
+
+    from sidecar import percentiles
+
+    rows = DeltaTable(table).to_pyarrow_dataset().to_table(
+        columns=["answered_ts", "latency_ms", "enqueue_ts", "submit_ts"]).to_pylist()
+    recent = [r for r in rows if (r["answered_ts"] or 0) >= since_ms]
+    to_submit = percentiles([r["submit_ts"] - r["enqueue_ts"] for r in recent
+                             if r["submit_ts"] is not None and r["enqueue_ts"] is not None],
+                            (50,), digits=0)
+    return {"answers": len(rows), **percentiles(
+        [r["latency_ms"] for r in recent if r["latency_ms"] is not None], (50, 99), digits=0),
+        "submit_p50": to_submit["p50"]}
 
 
 class SoakSampler(threading.Thread):
@@ -49,10 +162,11 @@ class SoakSampler(threading.Thread):
         self.start_s = time.monotonic()
         self._halt = threading.Event()
 
-    def _sidecar(self):
+    def _child(self, marker: str):
+        """The first child process (at any depth) whose command line holds ``marker``."""
         for child in self.me.children(recursive=True):
             try:
-                if "sidecar.cli" in " ".join(child.cmdline()):
+                if marker in " ".join(child.cmdline()):
                     return child
             except Exception:  # noqa: BLE001 - a child that ended
                 continue
@@ -67,46 +181,74 @@ class SoakSampler(threading.Thread):
         except Exception:  # noqa: BLE001 - it exited
             return {"rss_mb": None, "open_files": None}
 
-    def _lag(self, since_ms: int) -> dict:
-        """P50/P99 ``latency_ms`` of the answers landed since ``since_ms``."""
-        from deltalake import DeltaTable
-
-        from sidecar import percentiles
-
-        table = self.out / "tables" / "answers"
-        if not (table / "_delta_log").is_dir():
-            return {"answers": 0, "p50": None, "p99": None}
-        try:
-            rows = DeltaTable(str(table)).to_pyarrow_dataset().to_table(
-                columns=["answered_ts", "latency_ms"]).to_pylist()
-        except Exception:  # noqa: BLE001 - a commit under way; the next sample reads it
-            return {"answers": None, "p50": None, "p99": None}
-        recent = [r["latency_ms"] for r in rows if (r["answered_ts"] or 0) >= since_ms
-                  and r["latency_ms"] is not None]
-        return {"answers": len(rows), **percentiles(recent, (50, 99), digits=0)}
+    def _table_facts(self, since_ms: int) -> dict:
+        """The answers' lag since ``since_ms`` and the live tables, read in a child
+        process so that the reads' memory is not counted as the driver's."""
+        code = ("import json,sys; from benchmarks.soak import _table_facts; "
+                "print(json.dumps(_table_facts(sys.argv[1], int(sys.argv[2]))))")
+        done = subprocess.run([sys.executable, "-c", code, str(self.out / "tables"),
+                               str(since_ms)], capture_output=True, text=True, timeout=120,
+                              cwd=Path(__file__).resolve().parent.parent)
+        if done.returncode != 0:  # a commit under way; the next sample reads it
+            return {"lag_ms": {"answers": None, "p50": None, "p99": None},
+                    "tables_live": {"files": None, "mb": None}}
+        return json.loads(done.stdout)
 
     def sample(self) -> dict:
         now = now_ms()
-        row = {"minute": round((time.monotonic() - self.start_s) / 60, 2),
-               "driver": self._proc(self.me), "sidecar": self._proc(self._sidecar()),
+        tables = self.out / "tables"
+        row = {"minute": round((time.monotonic() - self.start_s) / 60, 2), "ts_ms": now,
+               "driver": self._proc(self.me),
+               "driver_jvm": self._proc(self._child("org.apache.spark.deploy.SparkSubmit")),
+               "sidecar": self._proc(self._child("sidecar.cli")),
+               "broker": self._proc(self._child("kafka.Kafka")),
                "events_mb": _folder_mb(self.out / "events"),
                "event_files": _files(self.out / "events"),
+               "events_read_mb": _folder_mb(self.out / "events-read"),
+               "events_read_files": _files(self.out / "events-read"),
+               "kafka_mb": _folder_mb(self.out / "kafka"),
                "results_mb": _folder_mb(self.out / "results"),
                "result_files": _files(self.out / "results"),
-               "tables_mb": _folder_mb(self.out / "tables"),
+               "tables_mb": _folder_mb(tables),
+               "table_data_files": _files_named(tables, "*.parquet"),
+               "table_log_files": _files_named(tables, "_delta_log/*"),
                "checkpoints_mb": _folder_mb(self.out / "checkpoints"),
-               "lag_ms": self._lag(now - int(self.every_s * 1000))}
+               "checkpoint_files": _files(self.out / "checkpoints"),
+               **self._table_facts(now - int(self.every_s * 1000))}
         self.rows.append(row)
         print("soak " + json.dumps(row), flush=True)
         return row
 
     def run(self) -> None:
-        while not self._halt.wait(self.every_s):
+        """A sample every ``every_s`` after the start (a slow sample does not shift the
+        next ones)."""
+        due = self.start_s
+        while True:
+            due += self.every_s
+            if self._halt.wait(max(0.0, due - time.monotonic())):
+                return
             self.sample()
 
     def stop(self) -> None:
         self._halt.set()
         self.join()
+
+
+#: The processes sampled: the driver's Python, the driver's JVM, the sidecar, the demo's
+#: Kafka broker (``--source kafka``).
+_PROCESSES = ("driver", "driver_jvm", "sidecar", "broker")
+
+
+def _series(rows: list[dict], keys: dict[str, tuple[str, ...]]) -> dict[str, list]:
+    """Label -> the values at ``keys[label]`` (a path into each row), for the labels some
+    row has a value for (``--source files`` has no broker, ``kafka`` no events folder)."""
+    def value(row: dict, path: tuple[str, ...]):
+        for key in path:
+            row = row.get(key) if isinstance(row, dict) else None
+        return row
+
+    series = {label: [value(r, path) for r in rows] for label, path in keys.items()}
+    return {label: values for label, values in series.items() if any(values)}
 
 
 def plot(rows: list[dict], path: Path) -> Path:
@@ -118,16 +260,21 @@ def plot(rows: list[dict], path: Path) -> Path:
 
     minutes = [r["minute"] for r in rows]
     panels = [
-        ("RSS (MB)", {"driver": [r["driver"]["rss_mb"] for r in rows],
-                      "sidecar": [r["sidecar"]["rss_mb"] for r in rows]}),
-        ("open files", {"driver": [r["driver"]["open_files"] for r in rows],
-                        "sidecar": [r["sidecar"]["open_files"] for r in rows]}),
-        ("folders (MB)", {"events": [r["events_mb"] for r in rows],
-                          "results": [r["results_mb"] for r in rows],
-                          "tables": [r["tables_mb"] for r in rows],
-                          "checkpoints": [r["checkpoints_mb"] for r in rows]}),
-        ("answer lag (ms)", {"p50": [r["lag_ms"]["p50"] for r in rows],
-                             "p99": [r["lag_ms"]["p99"] for r in rows]}),
+        ("RSS (MB)", _series(rows, {who: (who, "rss_mb") for who in _PROCESSES})),
+        ("open files", _series(rows, {who: (who, "open_files") for who in _PROCESSES})),
+        ("folders (MB)", _series(rows, {
+            "landing": ("events_mb",), "read events": ("events_read_mb",),
+            "kafka": ("kafka_mb",), "results": ("results_mb",),
+            "tables on disk": ("tables_mb",), "tables live": ("tables_live", "mb"),
+            "checkpoints": ("checkpoints_mb",)})),
+        ("files", _series(rows, {
+            "landing": ("event_files",), "results": ("result_files",),
+            "table data on disk": ("table_data_files",),
+            "table data live": ("tables_live", "files"), "table log": ("table_log_files",),
+            "checkpoints": ("checkpoint_files",)})),
+        ("answer lag (ms)", _series(rows, {"p50": ("lag_ms", "p50"),
+                                           "p99": ("lag_ms", "p99"),
+                                           "to submit p50": ("lag_ms", "submit_p50")})),
     ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.4 * len(panels)), sharex=True)
     for ax, (title, series) in zip(axes, panels):
@@ -143,6 +290,25 @@ def plot(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def replot(out: Path) -> int:
+    """Redraw ``out/soak.json`` into ``out/soak.png``, first filling in the live tables
+    of samples without them from the tables under ``out/work/tables`` (time travel to
+    each sample's ``ts_ms``; a run without ``ts_ms`` gets it from ``start_ms`` and the
+    sample's minute) and the answers per 10 minutes (:func:`lag_windows`)."""
+    path = out / "soak.json"
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    tables = out / "work" / "tables"
+    for row in doc["samples"]:
+        row.setdefault("ts_ms", int(doc["start_ms"] + row["minute"] * 60_000))
+        if "tables_live" not in row and tables.is_dir():
+            row["tables_live"] = live_tables(str(tables), at_ms=row["ts_ms"])
+    if "windows" not in doc and (tables / "answers" / "_delta_log").is_dir():
+        doc["windows"] = lag_windows(str(tables / "answers"))
+    path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    print(f"wrote {path} and {plot(doc['samples'], out / 'soak.png')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,18 +316,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=("vllm", "simulated"), default="vllm")
     p.add_argument("--rate", type=float, default=3.0, help="events/s (the demo's default)")
     p.add_argument("--every", type=float, default=60.0, help="seconds between samples")
+    p.add_argument("--source", choices=("files", "kafka"), default="files",
+                   help="where events and results travel (the demo's --source)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--replot", action="store_true",
+                   help="redraw --out's soak.json (filling in the live tables) and exit")
     args = p.parse_args(argv)
+    if args.replot:
+        return replot(args.out)
 
     from sts_harness.demo import DemoOptions, print_summary, run_demo
 
     args.out.mkdir(parents=True, exist_ok=True)
-    demo_out = args.out / "demo"
+    demo_out = args.out / "work"  # the demo's own folders (git-ignored)
     opts = DemoOptions(rate=args.rate, duration=args.minutes * 60, out=str(demo_out),
-                       engine=args.engine, overwrite=True)
+                       engine=args.engine, source=args.source, overwrite=True)
     sampler = SoakSampler(demo_out.resolve(), every_s=args.every)
     doc = {"machine": machine_info(), "reference_cpu_ms_before": reference_cpu_ms(),
-           "minutes": args.minutes, "engine": args.engine, "rate": args.rate}
+           "minutes": args.minutes, "engine": args.engine, "rate": args.rate,
+           "source": args.source, "start_ms": now_ms()}
     sampler.start()
     try:
         summary = run_demo(opts)
@@ -170,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stop()
     doc["reference_cpu_ms_after"] = reference_cpu_ms()
     doc["samples"] = sampler.rows
+    answers = demo_out / "tables" / "answers"
+    doc["windows"] = lag_windows(str(answers)) if (answers / "_delta_log").is_dir() else []
+    for w in doc["windows"]:
+        print("window " + json.dumps(w))
     doc["summary"] = {k: summary.get(k) for k in ("events", "answers", "answers_by_source",
                                                   "incomplete")}
     (args.out / "soak.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")

@@ -32,8 +32,8 @@ class DemoFailedError(RuntimeError):
 #: Marks a folder as written by ``sts demo``: only such a folder is ever replaced.
 MARKER = ".sts-demo"
 #: What the demo writes inside ``--out`` (all that ``--overwrite`` removes).
-_OUTPUTS = ("events", "results", "acks", "tables", "checkpoints", "plots", "summary.json",
-            "sidecar.log", "l1l2")
+_OUTPUTS = ("events", "events-read", "results", "acks", "tables", "checkpoints", "plots",
+            "summary.json", "sidecar.log", "l1l2")
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +364,10 @@ def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path, *,
 
     high, normal, low = opts.sla_ms
     fast_path: dict = {}
-    source: dict = {"path": str(out / "events")}
+    # Read files move to events-read/ (Spark's cleanSource): the landing folder, which
+    # Spark lists every micro-batch, stays small however long the demo runs.
+    source: dict = {"path": str(out / "events"), "options": {
+        "cleanSource": "archive", "sourceArchiveDir": str(out / "events-read")}}
     kafka: dict = {}
     if bootstrap:
         source = {"format": "kafka", "options": {"subscribe": DEMO_TOPIC,

@@ -51,3 +51,10 @@ def test_demo_answers_every_event_once_with_llm_and_fallback(tmp_path: Path,
     assert [Path(p).name for p in summary["plots"]] == ["latency_over_time.png",
                                                          "answers_by_source.png"]
     assert all(Path(p).stat().st_size > 10_000 for p in summary["plots"])
+    # The files Spark read moved out of the landing folder (cleanSource: archive), none lost
+    # or kept twice: the folder Spark lists every micro-batch stays small on a long run.
+    out = Path(opts.out)
+    landing = list((out / "events").glob("*.json"))
+    read = list((out / "events-read").rglob("*.json"))
+    assert read and not {f.name for f in landing} & {f.name for f in read}
+    assert sum(len(f.read_text().splitlines()) for f in landing + read) == summary["events"]
