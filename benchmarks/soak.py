@@ -149,8 +149,9 @@ def answer_lag(table: str, since_ms: int) -> dict:
 
 
 class SoakSampler(threading.Thread):
-    """Every ``every_s``: RSS and open files of this process (the driver) and of the
-    sidecar child, folder sizes under the demo's ``out``, and the answers' lag."""
+    """Every ``every_s``: RSS and open files of this process (the driver), of its JVM,
+    of the sidecar and of the demo's Kafka broker (when there is one); sizes and file
+    counts of the folders under the demo's ``out``; the live tables and the answers' lag."""
 
     def __init__(self, out: Path, every_s: float = 60.0) -> None:
         super().__init__(name="soak-sampler", daemon=True)
