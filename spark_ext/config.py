@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -30,6 +31,12 @@ WRITERS: tuple[str, ...] = get_args(Writer)
 #: The pipeline's tables.
 TABLE_NAMES = ("requests", "results", "answers", "review_queue", "shadow_answers",
                "dead_letters")
+#: Columns an enabled layer adds to the events, so a prompt template may name them
+#: although no event carries them: L1 routing's tags, L2 retrieval's results.
+ROUTING_COLUMNS: tuple[str, ...] = ("priority", "route", "priority_confidence",
+                                    "route_confidence")
+RETRIEVAL_COLUMNS: tuple[str, ...] = ("kb_ids", "kb_scores", "kb_texts", "kb_context",
+                                      "kb_answer", "kb_answer_id", "kb_top_score")
 #: Spark Kafka source options that name the topics (exactly one is needed).
 KAFKA_TOPIC_OPTIONS = ("subscribe", "subscribePattern", "assign")
 SidecarLaunch = Literal["none", "lazy"]
@@ -37,6 +44,43 @@ RolloutMode = Literal["full", "canary", "shadow", "offline"]
 #: Personal-data detectors of output validation (:mod:`spark_ext.l4.validation`).
 PiiDetector = Literal["email", "phone", "card"]
 PII_DETECTOR_NAMES: tuple[str, ...] = get_args(PiiDetector)
+
+
+def ddl_field_names(ddl: str) -> list[str]:
+    """The top-level field names of a DDL schema string (``source.schema``), without
+    Spark: commas inside ``<...>`` or ``(...)`` do not split, backticks are removed.
+
+    Example:
+        >>> ddl_field_names("id STRING, `a b` INT, m MAP<STRING, INT>, d DECIMAL(10, 2)")
+        ['id', 'a b', 'm', 'd']
+    """
+    names, depth, part = [], 0, ""
+    for ch in f"{ddl},":
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            if part.strip():
+                head = part.strip()
+                if head.startswith("`"):
+                    names.append(head[1:head.index("`", 1)])
+                else:
+                    names.append(re.split(r"[\s:]+", head, maxsplit=1)[0])
+            part = ""
+        else:
+            part += ch
+    return names
+
+
+def template_fields(text: str) -> list[str]:
+    """The ``{column}`` fields of a template text.
+
+    Example:
+        >>> template_fields("Ticket: {text} ({priority})")
+        ['text', 'priority']
+    """
+    return [name for _, name, _, _ in string.Formatter().parse(text) if name]
 
 
 @dataclass
@@ -710,6 +754,44 @@ class PipelineConfig:
                 self.result_topics()):
             raise PipelineConfigError(f"answers.topic {self.answers.topic!r} is also an events "
                                       "or results topic: give answers their own topic")
+        if self.source.format != "rate" and not self.features.enabled:
+            carried = set(ddl_field_names(self.source.schema)) | set(self.layer_columns())
+            named = {"template.dynamic": template_fields(self.template.dynamic),
+                     "tagging.key_columns": self.tagging.key_columns}
+            for where, fields in named.items():
+                if missing := [f for f in fields if f not in carried]:
+                    raise PipelineConfigError(
+                        f"{where} names {', '.join(missing)}, which neither source.schema "
+                        "has nor an enabled layer adds (L1 routing: priority, route; L2 "
+                        "retrieval: kb_context, kb_ids, ...): add it to source.schema")
+
+    def layer_columns(self) -> list[str]:
+        """The columns the enabled layers add to the events (L1 routing, L2 retrieval);
+        the feature lookup's columns are known only once its table is read.
+
+        Example:
+            >>> PipelineConfig.from_dict({"knowledge_base": {"enabled": True}}).layer_columns()[:4]
+            ['kb_ids', 'kb_scores', 'kb_texts', 'kb_context']
+        """
+        return [*(ROUTING_COLUMNS if self.routing.enabled else ()),
+                *(RETRIEVAL_COLUMNS if self.knowledge_base.enabled else ())]
+
+    def required_event_fields(self) -> list[str]:
+        """The fields an event must carry (not null) to be one: the key columns and the
+        template's fields, less those an enabled layer fills (``kb_context`` is L2's,
+        not the event's); ``source.required`` overrides.
+
+        Example:
+            >>> c = PipelineConfig.from_dict({"knowledge_base": {"enabled": True},
+            ...     "template": {"dynamic": "Ticket: {text}\\nContext: {kb_context}"}})
+            >>> c.required_event_fields()
+            ['event_id', 'text']
+        """
+        if self.source.required is not None:
+            return list(self.source.required)
+        filled = set(self.layer_columns())
+        fields = [*self.tagging.key_columns, *template_fields(self.template.dynamic)]
+        return [f for f in dict.fromkeys(fields) if f not in filled]
 
     def result_topics(self) -> list[str]:
         """The topics ``tagging.callback_topic`` names, one per priority.

@@ -24,14 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from spark_ext.config import EmbeddingConfig, KnowledgeBaseConfig
+from spark_ext.config import RETRIEVAL_COLUMNS, EmbeddingConfig, KnowledgeBaseConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-#: Columns :func:`retrieve` adds.
-RETRIEVAL_COLUMNS: tuple[str, ...] = ("kb_ids", "kb_scores", "kb_texts", "kb_context",
-                                      "kb_answer", "kb_answer_id", "kb_top_score")
+__all__ = ["RETRIEVAL_COLUMNS"]  # the columns :func:`retrieve` adds (spark_ext.config)
 
 #: Spark type of the retrieval UDF's result.
 RETRIEVAL_TYPE = ("kb_ids array<string>, kb_scores array<float>, kb_texts array<string>, "

@@ -201,8 +201,7 @@ class StsPipeline:
         self.metrics_port: int | None = None
         self.failure: str | None = None
         self._stopping = threading.Event()
-        self.source = event_source(config, required=[*config.tagging.key_columns,
-                                                     *self.template.fields])
+        self.source = event_source(config)
         """The L0 reader of ``source.format`` (:mod:`spark_ext.sources.events`)."""
         folders = [config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
         if folder := self.source.local_folder():

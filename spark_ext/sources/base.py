@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from typing import ClassVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -17,18 +16,18 @@ class EventSource(ABC):
 
     Args:
         config: The pipeline's config (its ``source`` section, and the ``kafka`` one).
-        required: Fields an event must have (the key columns and the template's fields);
-            a source that can tell sets records without them aside as dead letters.
+            An event must have the fields of
+            :meth:`~spark_ext.config.PipelineConfig.required_event_fields`; a source
+            that can tell sets records without them aside as dead letters.
     """
 
     formats: ClassVar[tuple[str, ...]]
     """The ``source.format`` values this class reads."""
 
-    def __init__(self, config: PipelineConfig, *, required: Sequence[str] = ()) -> None:
+    def __init__(self, config: PipelineConfig) -> None:
         self.config = config.source
         self.pipeline_config = config
-        self.required = list(config.source.required if config.source.required is not None
-                             else required)
+        self.required = config.required_event_fields()
 
     @abstractmethod
     def read_stream(self, spark: SparkSession) -> DataFrame:

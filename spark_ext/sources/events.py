@@ -4,8 +4,6 @@ class that reads it, :func:`event_source` builds one."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from spark_ext.config import PipelineConfig
 from spark_ext.sources.base import EventSource
 from spark_ext.sources.files import FileEventSource, RateEventSource
@@ -17,12 +15,11 @@ EVENT_SOURCES: dict[str, type[EventSource]] = {
     for fmt in cls.formats}
 
 
-def event_source(config: PipelineConfig, *, required: Sequence[str] = ()) -> EventSource:
-    """The reader of ``config.source.format``; ``required`` are the fields an event must
-    have (the key columns and the template's fields) where the source can tell.
+def event_source(config: PipelineConfig) -> EventSource:
+    """The reader of ``config.source.format``.
 
     Example:
         >>> type(event_source(PipelineConfig.from_dict({"source": {"format": "csv"}}))).__name__
         'FileEventSource'
     """
-    return EVENT_SOURCES[config.source.format](config, required=required)
+    return EVENT_SOURCES[config.source.format](config)

@@ -198,3 +198,31 @@ def test_model_prepare_never_replaces_a_folder_it_did_not_write(tmp_path: Path) 
     with pytest.raises(ModelPreparationError, match="did not write"):
         prepare_default_model(tmp_path, force=True)
     assert (target / "weights-of-my-own.bin").read_text() == "precious"
+
+
+def test_event_fields_exclude_what_a_layer_fills() -> None:
+    """An event must carry the key columns and the template's own fields, not what L2
+    retrieval adds (``kb_context``): the Kafka demo with L1/L2 on parsed every event as a
+    dead letter ("missing required field 'kb_context'") before this."""
+    from spark_ext.config import PipelineConfig
+
+    with_kb = {"knowledge_base": {"enabled": True},
+               "source": {"format": "kafka", "options": {"subscribe": "ev"}},
+               "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+               "template": {"dynamic": "Ticket: {text}\nContext: {kb_context}"}}
+    assert PipelineConfig.from_dict(with_kb).required_event_fields() == ["event_id", "text"]
+    assert PipelineConfig.from_dict({**with_kb, "source": {
+        **with_kb["source"], "required": ["text"]}}).required_event_fields() == ["text"]
+
+
+@pytest.mark.parametrize("section, missing", [
+    ({"template": {"dynamic": "Ticket: {text}\nContext: {kb_context}"}}, "kb_context"),
+    ({"template": {"dynamic": "{subject}: {text}"}}, "subject"),
+    ({"tagging": {"key_columns": ["ticket_id"]}}, "ticket_id"),
+])
+def test_a_field_no_event_carries_and_no_layer_adds_is_refused(section, missing) -> None:
+    from spark_ext.config import PipelineConfig
+    from spark_ext.exceptions import PipelineConfigError
+
+    with pytest.raises(PipelineConfigError, match=f"names {missing}, which neither"):
+        PipelineConfig.from_dict(section)
