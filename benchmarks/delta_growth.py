@@ -1,12 +1,12 @@
 """Does one micro-batch's answer write stay flat as the ``answers`` table grows?
 
-Grows a real Delta ``answers`` table (written by :class:`spark_ext.l4.answer_store.AnswerStore`,
-partitioned by enqueue hour) to each size of a ladder, as a stream at 200 events/s
-would (rows spread over the hours they would have arrived in), runs the pipeline's
-maintenance (compaction of the recent partitions, vacuum), then times what the
-answers query does per micro-batch: a 200-row idempotent append (with its
-app-transaction check and the ledger) and a backfill MERGE of 20 late results. Prints a table,
-writes ``delta_growth.json`` and a plot.
+Grows a real Delta ``answers`` table (written by the ``deltalake`` writer,
+:class:`spark_ext.l4.writers.deltalake.DeltalakeWriter`, partitioned by enqueue hour)
+to each size of a ladder, as a stream at 200 events/s would (rows spread over the hours
+they would have arrived in), runs the pipeline's maintenance (compaction of the recent
+partitions, vacuum), then times what the answers query does per micro-batch: a 200-row
+idempotent append (with its app-transaction check) and a backfill MERGE of 20 late
+results. Prints a table, writes ``delta_growth.json`` and a plot.
 
     python -m benchmarks.delta_growth                       # 10k, 100k, 1M rows
     python -m benchmarks.delta_growth --sizes 10000,50000 --batches 10 --out /tmp/dg
@@ -22,13 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow as pa
-
 from benchmarks.cli_args import positive_ints
 from sidecar import write_text_atomically
 from sidecar.contract import now_ms
+from spark_ext.config import OutputConfig
 from spark_ext.l4.answer_store import AnswerStore
 from spark_ext.l4.answers import build_answers
+from spark_ext.l4.writers.deltalake import DeltalakeWriter
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "delta_growth"
 RATE_PER_S = 200
@@ -62,8 +62,10 @@ def _grow(store: AnswerStore, have: int, want: int, at_ms: int) -> int:
     return have
 
 
-def measure(size: int, batches: int, workdir: Path, store: AnswerStore, have: int) -> dict:
+def measure(size: int, batches: int, workdir: Path, writer: DeltalakeWriter,
+            have: int) -> dict:
     """Grow to ``size`` rows, then time ``batches`` micro-batch writes at that size."""
+    store = writer.store
     now = now_ms()
     start = time.perf_counter()
     have = _grow(store, have, size, now)
@@ -71,22 +73,20 @@ def measure(size: int, batches: int, workdir: Path, store: AnswerStore, have: in
     # partitions (the small files of earlier micro-batches) and vacuum.
     store.maintain(vacuum_retention_hours=0, now_ms=now)
     grow_s = time.perf_counter() - start
-    store.load_ledger(now)
     appends, backfills = [], []
     next_id = 10_000_000_000 + size * 10
     for b in range(batches):
         fallback = _rows(next_id, BATCH_ROWS, now_ms(), source="fallback")
         next_id += BATCH_ROWS
         t0 = time.perf_counter()
-        store.record_answers(fallback, app_id=f"answers-{size}", version=b)
+        writer.append("answers", build_answers(fallback, store.key_columns, now_ms()),
+                      app_id=f"answers-{size}", version=b)
         appends.append((time.perf_counter() - t0) * 1000)
-        late = pa.Table.from_pylist([{"request_id": r["request_id"], "status": "ok",
-                                      "text": "late answer", "finish_ts": r["finish_ts"],
-                                      "received_ts": r["received_ts"],
-                                      "enqueue_ts": r["enqueue_ts"]}
-                                     for r in fallback[:BACKFILL_ROWS]])
+        late = build_answers([dict(r, answer="late answer", answer_source="backfill",
+                                   status="ok") for r in fallback[:BACKFILL_ROWS]],
+                             store.key_columns, now_ms())
         t0 = time.perf_counter()
-        store.backfill(late)
+        writer.merge_answers("answers", late, backfill=True)
         backfills.append((time.perf_counter() - t0) * 1000)
     rows = size + batches * BATCH_ROWS
     return {"rows": rows, "grow_s": round(grow_s, 1),
@@ -125,12 +125,13 @@ def run(sizes: list[int], batches: int, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     points = []
     with tempfile.TemporaryDirectory(prefix="sts-delta-growth-") as tmp:
-        store = AnswerStore(str(Path(tmp) / "tables"), key_columns=["event_id"])
+        writer = DeltalakeWriter(OutputConfig(out_dir=str(Path(tmp) / "tables"),
+                                               writer="deltalake"), ("event_id",))
         have = 0
         print(f"{'rows':>10}{'grow s':>9}{'append p50':>12}{'max':>8}{'backfill p50':>14}"
               f"{'max':>8}{'files':>7}", flush=True)
         for size in sorted(sizes):
-            point, have = measure(size, batches, Path(tmp), store, have)
+            point, have = measure(size, batches, Path(tmp), writer, have)
             points.append(point)
             print(f"{point['rows']:>10}{point['grow_s']:>9}{point['append_ms_p50']:>12}"
                   f"{point['append_ms_max']:>8}{point['backfill_ms_p50']:>14}"

@@ -148,7 +148,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from spark_ext.l4.spark_tables import delta_on_spark
+from spark_ext.l4.writers.spark import delta_on_spark
 
 tables = Path(TABLES).expanduser().resolve()
 counts = {}

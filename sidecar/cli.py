@@ -43,10 +43,27 @@ def _providers() -> list[tuple[str, Callable[[], Register]]]:
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line: ``sts: <what> (<command>)``,
-    exit code 2 (``--help`` still prints the full usage)."""
+    exit code 2 (``--help`` still prints the full usage), and whose ``--help`` shows
+    every option's default."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"sts: {message} ({self.prog})\n")
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends with its default, when it has one worth saying (not
+    ``None``, not an off switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in text \
+                or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -257,6 +257,16 @@ class SidecarEndpointConfig:
     results_dir: str = "./sts-demo/results"
     """The sidecar's result landing directory (``result_channel: files``)."""
 
+    acks_dir: str | None = None
+    """Where the submit tasks leave their acks for the answers query, with the
+    ``files`` channel (Parquet files named like the sidecar's results); a local folder
+    the driver reads, as ``results_dir``, of this pipeline alone. ``None``:
+    ``<results_dir>/acks/<pipeline id>``."""
+
+    acks_topic: str = "llm.acks"
+    """The topic of the submit tasks' acks, with the ``kafka`` channel (keyed by
+    ``request_id``; created when missing; pipelines may share it: each reads its own)."""
+
     result_channel: ResultChannel = "files"
     """How results come back: ``files`` (the sidecar's Parquet landing folder,
     ``results_dir``) or ``kafka`` (the topics ``tagging.callback_topic`` names, one per
@@ -548,6 +558,13 @@ class OutputConfig:
     """Processing-time trigger interval per query in seconds; 0 = as fast as
     possible (the next micro-batch starts as soon as the last one ends)."""
 
+    records_interval_s: float | None = None
+    """How often the ``requests``, ``results``, ``dead_letters`` and ``review_queue``
+    tables get their new rows: once per interval, in one commit per table (the answers
+    query holds them in its state meanwhile), so a micro-batch pays for one commit, the
+    answers'. 0: every micro-batch. ``None``: 10 s with Delta on Spark (a commit there
+    costs about a second), every micro-batch with ``deltalake`` (milliseconds)."""
+
     idle_poll_ms: int = 50
     """How often an idle query looks for new input (Spark's
     ``spark.sql.streaming.pollingDelay``, set for these queries only; Spark's default of
@@ -590,6 +607,9 @@ class OutputConfig:
         if self.tables and self.writer == "deltalake":
             raise PipelineConfigError("output.tables (catalog names) needs output.writer: "
                                       "spark (delta-rs writes paths only)")
+        if self.records_interval_s is not None and self.records_interval_s < 0:
+            raise PipelineConfigError(f"output.records_interval_s must be >= 0 (got "
+                                      f"{self.records_interval_s})")
         if self.idle_poll_ms < 0:
             raise PipelineConfigError(f"output.idle_poll_ms must be >= 0 (got {self.idle_poll_ms})")
         if unknown := set(self.triggers) - set(QUERIES):
@@ -750,8 +770,11 @@ class PipelineConfig:
         if clash := sorted(events & set(self.result_topics())):
             raise PipelineConfigError(f"tagging.callback_topic sends results to the events "
                                       f"topic {clash[0]!r}: give results their own topics")
-        if self.answers.topic is not None and self.answers.topic in events | set(
-                self.result_topics()):
+        if self.sidecar.acks_topic in events | set(self.result_topics()):
+            raise PipelineConfigError(f"sidecar.acks_topic {self.sidecar.acks_topic!r} is also "
+                                      "an events or results topic: give acks their own topic")
+        if self.answers.topic is not None and self.answers.topic in events | {
+                *self.result_topics(), self.sidecar.acks_topic}:
             raise PipelineConfigError(f"answers.topic {self.answers.topic!r} is also an events "
                                       "or results topic: give answers their own topic")
         if self.source.format != "rate" and not self.features.enabled:
@@ -844,6 +867,8 @@ class PipelineConfig:
 
         self.source.path = resolve(self.source.path)
         self.sidecar.results_dir = resolve(self.sidecar.results_dir)
+        if self.sidecar.acks_dir is not None:
+            self.sidecar.acks_dir = resolve(self.sidecar.acks_dir)
         self.sidecar.run_dir = resolve(self.sidecar.run_dir)
         self.output.out_dir = resolve(self.output.out_dir)
         self.output.checkpoint_dir = resolve(self.output.checkpoint_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from sidecar import ENGINE_KINDS
 
@@ -20,14 +21,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     l1l2_commands.register(sub)
     trace_commands.register(sub)
     demo = sub.add_parser("demo", help="run the whole system end to end on this machine")
-    demo.add_argument("--rate", type=float, default=3.0, help="events per second")
-    demo.add_argument("--duration", type=float, default=40.0, help="seconds of replay")
-    demo.add_argument("--out", default="./sts-demo",
-                      help="output folder; an existing one must be empty or an earlier demo's")
+    demo.add_argument("--rate", type=positive(float), default=3.0, help="events per second")
+    demo.add_argument("--duration", type=positive(float), default=40.0,
+                      help="seconds of replay")
+    demo.add_argument("--out", default=None,
+                      help="output folder; an existing one must be empty or an earlier "
+                           "demo's (default: ./sts-demo, ./sts-demo-kafka with --source "
+                           "kafka: each route its own)")
     demo.add_argument("--overwrite", action="store_true",
                       help="replace an earlier demo's output in --out")
-    demo.add_argument("--engine", choices=ENGINE_KINDS, default=ENGINE_KINDS[0])
-    demo.add_argument("--max-tokens", type=int, default=48)
+    demo.add_argument("--engine", choices=ENGINE_KINDS, default=ENGINE_KINDS[0],
+                      help="the sidecar's engine (simulated: a timing model, for a quick look)")
+    demo.add_argument("--max-tokens", type=positive(int), default=48,
+                      help="max_tokens of each request")
     demo.add_argument("--l1l2", action=argparse.BooleanOptionalAction, default=True,
                       help="L1 routing (MiniLM + classifier), L2 retrieval (Milvus Lite) and "
                            "the feature lookup (on by default; --no-l1l2: every event to "
@@ -37,13 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--canary-share", type=float, default=0.1,
                       help="share of events the model answers with --rollout canary")
     demo.add_argument("--source", choices=["files", "kafka"], default="files",
-                      help="events and results through files (default) or Kafka topics")
+                      help="events and results through files or Kafka topics")
     demo.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT",
                       help="with --source kafka: your cluster (default: a local broker "
                            "the demo starts for itself)")
     demo.add_argument("--writer", choices=["deltalake", "spark", "auto"], default="deltalake",
-                      help="output.writer: delta-rs on the driver (default: fastest on a "
-                           "small machine) or Delta on Spark")
+                      help="output.writer: deltalake (delta-rs on the driver), spark (Delta "
+                           "on Spark, what Databricks and Spark Connect run) or auto")
     demo.set_defaults(func=_run_demo)
 
     validate = sub.add_parser("validate", help="rollout offline: L1-L4 over past events, "
@@ -81,9 +87,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     events.set_defaults(func=_run_events)
 
 
+def positive(kind: type) -> "Callable[[str], float]":
+    """An argparse ``type`` that takes numbers above zero only; argparse names the flag
+    in its error (``argument --rate: must be > 0 (got -1)``).
+
+    Example:
+        >>> positive(float)("2.5"), positive(int)("3")
+        (2.5, 3)
+    """
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _run_events(args: argparse.Namespace) -> int:
     """Replay the shipped tickets in real time; each run's events are new (unique ids)."""
-    import time
     from pathlib import Path
 
     from sts_harness.demo import load_samples, sample_replayer
@@ -152,12 +178,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     try:
         import pyspark  # noqa: F401
 
-        from sts_harness.demo import DemoOptions, print_summary, run_demo
+        from sts_harness.demo import DemoOptions, default_out, print_summary, run_demo
     except ImportError as e:
         print(f"sts: needs module {e.name!r}; {SPARK_EXTRA_HINT} (sts demo)", file=sys.stderr)
         return 2
     try:
-        opts = DemoOptions(rate=args.rate, duration=args.duration, out=args.out,
+        opts = DemoOptions(rate=args.rate, duration=args.duration,
+                           out=args.out or default_out(args.source),
                            engine=args.engine, max_tokens=args.max_tokens,
                            overwrite=args.overwrite, l1l2=args.l1l2,
                            rollout=args.rollout, canary_share=args.canary_share,
@@ -165,14 +192,15 @@ def _run_demo(args: argparse.Namespace) -> int:
                            writer=args.writer)
     except ValueError as e:
         return _fail(e, "demo", 2)
-    from spark_ext.exceptions import SparkStartError
-    from sts_harness.kafka_broker import KafkaBrokerError
+    from sts_harness.demo import DemoFailedError
 
     try:
         summary = run_demo(opts)
     except (FileExistsError, NotADirectoryError) as e:
         return _fail(e, "demo", 2)
-    except (SparkStartError, KafkaBrokerError) as e:
+    except DemoFailedError as e:  # a start-up step: its traceback is in the demo's log
+        print("\n=== sts demo summary ===\nINCOMPLETE: nothing was replayed; "
+              f"{e}", flush=True)
         return _fail(e, "demo", 1)
     print_summary(summary)
     if summary.get("incomplete"):

@@ -33,13 +33,24 @@ class DemoFailedError(RuntimeError):
 MARKER = ".sts-demo"
 #: What the demo writes inside ``--out`` (all that ``--overwrite`` removes).
 _OUTPUTS = ("events", "events-read", "results", "acks", "tables", "checkpoints", "plots",
-            "summary.json", "sidecar.log", "l1l2")
+            "summary.json", "sidecar.log", "demo.log", "l1l2", "kafka", "sidecar-token")
 
 logger = logging.getLogger(__name__)
 
 
 #: ``sts demo --source``: how events and results travel.
 DEMO_SOURCES = ("files", "kafka")
+
+
+def default_out(source: str) -> str:
+    """The demo's output folder when ``--out`` is not given: one per route, so the
+    README's commands run one after the other without ``--overwrite``.
+
+    Example:
+        >>> default_out("files"), default_out("kafka")
+        ('./sts-demo', './sts-demo-kafka')
+    """
+    return "./sts-demo" if source == "files" else f"./sts-demo-{source}"
 #: The demo's events topic (``--source kafka``).
 DEMO_TOPIC = "sts-demo-events"
 
@@ -269,45 +280,137 @@ def batch_durations(queries: list) -> dict[str, dict[str, float | None]]:
     return out
 
 
+#: Where a failed step's traceback goes: the demo's log file only, never the console.
+_TRACES = logging.getLogger("sts_harness.demo.traces")
+_TRACES.propagate = False
+
+
+@contextlib.contextmanager
+def demo_step(what: str, log: Path, *, expect: str = "", every_s: float = 15.0):
+    """One start-up step of the demo: a line when it begins (with what to expect), a line
+    every ``every_s`` while it runs, one when it is done; if it fails, the traceback goes
+    to ``log`` and :class:`DemoFailedError` says in one line which step, why, and where
+    the log is."""
+    import threading
+
+    print(f"{what} ...{f' ({expect})' if expect else ''}", flush=True)
+    started = time.monotonic()
+    done = threading.Event()
+
+    def tell() -> None:
+        while not done.wait(every_s):
+            print(f"  ... {what}: {time.monotonic() - started:.0f} s", flush=True)
+
+    threading.Thread(target=tell, name="sts-demo-progress", daemon=True).start()
+    try:
+        yield
+    except (KeyboardInterrupt, DemoFailedError):
+        raise
+    except Exception as e:
+        from spark_ext.pipeline.sts_pipeline import one_line_reason
+
+        _TRACES.error("sts demo: %s failed.", what, exc_info=True)
+        from sidecar.exceptions import SidecarError
+        from spark_ext.exceptions import StsSparkError
+        from sts_harness.kafka_broker import KafkaBrokerError
+
+        # our own errors say what failed; anything else gets the step's name
+        text = (str(e).splitlines()[0] if isinstance(e, (StsSparkError, SidecarError,
+                                                           KafkaBrokerError)) and str(e)
+                else f"{what} failed: {one_line_reason(e)}")
+        raise DemoFailedError(f"{text} (log: {log})") from e
+    finally:
+        done.set()
+    print(f"{what}: done in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def _log_to_file(stack: contextlib.ExitStack, log: Path) -> None:
+    """Python's log (INFO and tracebacks) into ``log``; the console keeps warnings and the
+    demo's own progress lines."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(log, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    quieted = [(h, h.level) for h in root.handlers if isinstance(h, logging.StreamHandler)
+               and not isinstance(h, logging.FileHandler)]
+    for h, _ in quieted:
+        h.setLevel(max(h.level, logging.WARNING))
+    previous = root.level
+    root.setLevel(min(previous, logging.INFO) if previous else logging.INFO)
+    root.addHandler(handler)
+    _TRACES.addHandler(handler)
+
+    def restore() -> None:
+        root.removeHandler(handler)
+        _TRACES.removeHandler(handler)
+        handler.close()
+        root.setLevel(previous)
+        for h, level in quieted:
+            h.setLevel(level)
+
+    stack.callback(restore)
+
+
 def run_demo(opts: DemoOptions) -> dict:
-    """Run the demo and return its summary (also written to ``out/summary.json``)."""
+    """Run the demo and return its summary (also written to ``out/summary.json``).
+
+    Raises:
+        DemoFailedError: a start-up step failed (one line: the step, why, the log).
+    """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from sidecar import prepare_default_model
     from sts_harness.process import start_local_sidecar
 
     out = Path(opts.out).expanduser().resolve()
     prepare_out(out, overwrite=opts.overwrite)
-    if opts.engine == "vllm":
-        print(f"Model: {prepare_default_model()}", flush=True)
-
     stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar, broker
+    log = out / "demo.log"
+    _log_to_file(stack, log)
+    print(f"sts demo: {opts.rate:g} events/s for {opts.duration:g} s, {opts.engine} engine, "
+          f"{opts.source} route, writer {opts.writer}; output {out}; log {log}", flush=True)
     try:
-        bootstrap = _kafka_cluster(stack, opts, out) if opts.source == "kafka" else None
-        sidecar, token_file = start_local_sidecar(
-            stack, out, opts.engine, "demo-sidecar",
-            # whole 32-token KV blocks are what prefix caching shares (vLLM's CPU
-            # default of 128 shares none of a short prompt)
-            (["--engine-arg", "block_size=32"] if opts.engine == "vllm" else [])
-            + (kafka_results_args(bootstrap) if bootstrap else []))
+        if opts.engine == "vllm":
+            with demo_step("Preparing the model", log,
+                           expect="the first run converts the packaged SmolLM2, ~20 s"):
+                print(f"Model: {prepare_default_model()}", flush=True)
+        bootstrap = None
+        if opts.source == "kafka":
+            with demo_step("Starting Kafka", log, expect="a local broker, ~10 s"):
+                bootstrap = _kafka_cluster(stack, opts, out)
+        with demo_step("Starting the sidecar", log,
+                       expect=("vLLM on CPU: engine start and warm-up, 30-90 s"
+                               if opts.engine == "vllm" else "a few seconds")):
+            sidecar, token_file = start_local_sidecar(
+                stack, out, opts.engine, "demo-sidecar",
+                # whole 32-token KV blocks are what prefix caching shares (vLLM's CPU
+                # default of 128 shares none of a short prompt)
+                (["--engine-arg", "block_size=32"] if opts.engine == "vllm" else [])
+                + (kafka_results_args(bootstrap) if bootstrap else []))
         print(f"Sidecar serving on {sidecar.target}", flush=True)
 
         from spark_ext import StsPipeline
         from spark_ext.session import session_scope
 
         _pin_spark_cpus(stack, opts.engine)
-        print("Starting Spark (local[2]) ...", flush=True)
-        spark = stack.enter_context(session_scope("sts-demo"))
-        config = demo_config(opts, out, sidecar.target, token_file, bootstrap=bootstrap)
-        pipeline = StsPipeline(spark, config)
-        stack.callback(pipeline.stop)
-        if bootstrap:  # the demo's own topic: made here, the pipeline reads it at start
-            from spark_ext.sources.kafka import ensure_topics
+        with demo_step("Starting Spark (local[2])", log, expect="10-20 s"):
+            spark = stack.enter_context(session_scope("sts-demo"))
+        with demo_step("Building the pipeline", log,
+                       expect="L1 router, L2 knowledge base, feature table" if opts.l1l2
+                       else ""):
+            config = demo_config(opts, out, sidecar.target, token_file, bootstrap=bootstrap)
+            pipeline = StsPipeline(spark, config)
+            stack.callback(pipeline.stop)
+            if bootstrap:  # the demo's own topic: made here, the pipeline reads it at start
+                from spark_ext.sources.kafka import ensure_topics
 
-            ensure_topics({"bootstrap.servers": bootstrap}, [DEMO_TOPIC])
+                ensure_topics({"bootstrap.servers": bootstrap}, [DEMO_TOPIC])
         sink = (KafkaTopicSink(bootstrap, DEMO_TOPIC) if bootstrap
                 else FolderSink(out / "events"))
         replayer = sample_replayer(sink, opts.rate, opts.duration, load_samples())
-        pipeline.start()
+        with demo_step("Starting the queries", log,
+                       expect=("MiniLM and Milvus load in the Spark workers, the plans are "
+                               "compiled, 30-90 s") if opts.l1l2 else "15-30 s"):
+            pipeline.start()
         start = time.monotonic()
         replayer.start()
         failure = _run_until_answered(opts, out, sidecar, pipeline, replayer, start)

@@ -34,11 +34,24 @@ class PipelineCounts:
     by_source_status: collections.Counter = field(default_factory=collections.Counter)
     """... by ``(answer_source, status)``."""
 
-    def add_merge(self, metrics: dict, offered: list[dict]) -> None:
-        """Count one MERGE: its metrics, and the rows offered (``answer_source``,
-        ``status``, ``n``)."""
-        self.answers_written += int(metrics.get("num_inserted_rows") or 0)
-        self.backfilled += int(metrics.get("num_updated_rows") or 0)
-        for row in offered:
-            self.by_source[row["answer_source"]] += row["n"]
-            self.by_source_status[(row["answer_source"], row["status"] or "")] += row["n"]
+    no_result_fallbacks: int = 0
+    """Accepted requests answered with the fallback because no result came by their
+    deadline plus the grace (the sidecar was down, a result was lost)."""
+
+    unreadable_results: int = 0
+    """Result records that did not parse (skipped; their requests get the fallback)."""
+
+    conflicts_retried: int = 0
+    """Delta write conflicts retried (another writer committed first)."""
+
+    last_batch_ms: dict[str, float] = field(default_factory=dict)
+    """Where the last answers micro-batch's time went: the ledger, then each table's
+    write (ms)."""
+
+    open_by_bucket: dict[int, int] = field(default_factory=dict)
+    """Accepted requests still waiting for their answer, per ledger bucket."""
+
+    @property
+    def open_requests(self) -> int:
+        """Accepted requests still waiting for their answer (the work still out)."""
+        return sum(self.open_by_bucket.values())

@@ -9,7 +9,7 @@ Every LLM-routed request row gets a ``rollout_arm``:
             ``reason = rollout:<mode>``): the rest of ``canary``, all of ``offline``;
 ``shadow``  answered at once like ``rule`` *and* submitted, tagged with the
             :data:`SHADOW_ATTRIBUTE`; its result goes to the ``shadow_answers`` table
-            (:mod:`spark_ext.l4.shadow`), never to ``answers``.
+            (:mod:`spark_ext.l4.ledger`), never to ``answers``.
 
 The bucket is a SHA-256 of ``request_id`` mapped to [0, 1), computed the same way in
 Python and in Spark SQL, so an event lands in the same arm on every replay, restart

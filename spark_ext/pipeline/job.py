@@ -7,9 +7,12 @@
 
 Runs the STS queries until they are stopped (Ctrl-C, SIGTERM), ``--timeout`` passes, or,
 with ``--until-idle``, events came and then none for that many seconds and every
-submitted request has its answer. Prints a progress line every ``--progress`` seconds. Relative paths in
-the config are relative to the config file. Exit codes: 0 done, 1 a query or ticker
-died (one line on stderr), 2 a bad config or flag.
+submitted request has its answer. Prints a progress line every ``--progress`` seconds;
+Python's log and every traceback go to ``--log`` (default ``sts-job.log``), Spark's log is
+at ``--spark-log-level`` (default WARN). Relative paths in the config are relative to
+the config file. Exit codes: 0 done, 1 a part failed (Spark did not start, a query
+could not start or died: one line on stderr naming it and the log), 2 a bad config or
+flag.
 """
 
 from __future__ import annotations
@@ -32,28 +35,60 @@ def _parser() -> argparse.ArgumentParser:
                              "and every request submitted has its answer")
     parser.add_argument("--progress", type=float, default=5.0, metavar="SECONDS",
                         help="seconds between progress lines (0: none)")
+    parser.add_argument("--log", default=None, metavar="FILE",
+                        help="Python's log and the tracebacks of failures (default: job.log "
+                             "next to the config's local checkpoint folder, else ./sts-job.log)")
+    parser.add_argument("--spark-log-level", default="WARN", metavar="LEVEL",
+                        help="Spark's log level (INFO shows every task)")
     return parser
 
 
-def _session(app_name: str):  # -> SparkSession (pyspark is imported lazily)
+def _fail(part: str, e: BaseException, log: str, code: int = 1) -> int:
+    """Log ``e`` with its traceback; print one line: what failed, why, where the log is."""
+    from spark_ext.pipeline.sts_pipeline import one_line_reason
+
+    logging.getLogger("sts.job").error("%s failed.", part, exc_info=e)
+    print(f"sts job: {part} failed: {one_line_reason(e)} (log: {log})", file=sys.stderr,
+          flush=True)
+    return code
+
+
+def _session(app_name: str, log_level: str):  # -> SparkSession (pyspark imported lazily)
     """The submitted session; in local mode its Python workers run this interpreter
-    (the job's venv) unless ``PYSPARK_PYTHON`` says otherwise."""
+    (the job's venv) unless ``PYSPARK_PYTHON`` says otherwise. Delta's log reads in
+    few partitions unless the submit says otherwise (see ``spark_ext.jvm_packages``)."""
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    from spark_ext.jvm_packages import DELTA_SESSION_CONF
     from spark_ext.session import pin_python_workers, quiet_py4j
 
-    if SparkConf().get("spark.master", "local").startswith("local"):
+    conf = SparkConf()
+    if conf.get("spark.master", "local").startswith("local"):
         pin_python_workers()
-    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    builder = SparkSession.builder.appName(app_name)
+    partitions = "spark.databricks.delta.snapshotPartitions"
+    if not conf.contains(partitions):
+        builder = builder.config(partitions, DELTA_SESSION_CONF[partitions])
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
     quiet_py4j()
     return spark
 
 
+def _default_log(config) -> str:
+    """``job.log`` beside the checkpoint folder when it is local, else ``./sts-job.log``."""
+    from spark_ext.uris import is_local_uri, local_path
+
+    if config is not None and is_local_uri(config.output.checkpoint_dir):
+        folder = local_path(config.output.checkpoint_dir).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder / "job.log")
+    return "sts-job.log"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     for name, value in (("--timeout", args.timeout), ("--until-idle", args.until_idle)):
         if value is not None and not value > 0:
@@ -70,11 +105,38 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineConfigError as e:  # one line that names the file
         print(f"sts: {e}", file=sys.stderr)
         return 2
-    spark = _session("sts-spark")
-    pipeline = StsPipeline(spark, config)
-    print(f"sts job: events {config.source.path}, results {config.sidecar.results_dir}, "
-          f"tables {config.output.out_dir}, sidecar {config.sidecar.endpoint}", flush=True)
-    pipeline.start()
+    args.log = args.log or _default_log(config)
+    logging.basicConfig(filename=args.log, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        spark = _session("sts-spark", args.spark_log_level)
+    except Exception as e:  # noqa: BLE001 - reported in one line, the traceback logged
+        return _fail("Spark", e, args.log)
+    try:
+        pipeline = StsPipeline(spark, config)
+    except PipelineConfigError as e:
+        return _fail("the pipeline's configuration", e, args.log, code=2)
+    source = (config.source.options.get("subscribe") or config.source.options.get(
+        "subscribePattern") or "kafka") if config.source.format == "kafka" \
+        else config.source.path
+    results = (", ".join(config.result_topics()) if config.sidecar.result_channel == "kafka"
+               else config.sidecar.results_dir)
+    print(f"sts job: events {source}, results {results}, tables {config.output.out_dir} "
+          f"(writer {pipeline.writer}), sidecar {config.sidecar.endpoint}; log {args.log}",
+          flush=True)
+    try:
+        pipeline.start()
+    except PipelineConfigError as e:
+        pipeline.stop()
+        return _fail("starting the pipeline", e, args.log, code=2)
+    except Exception as e:  # noqa: BLE001 - a query the planner refused, a broker down, ...
+        pipeline.stop()
+        return _fail("starting the pipeline", e, args.log)
+    return _run(pipeline, args, PipelineFailedError)
+
+
+def _run(pipeline, args, failed: type[Exception]) -> int:
+    """Progress lines until done; returns the exit code."""
     started = last_event = last_print = time.monotonic()
     seen_rows = 0
     reason = "stopped"
@@ -85,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = pipeline.submitted
             if rows > seen_rows:
                 seen_rows, last_event = rows, now
-            pending = pipeline.safety_net.unanswered()
+            pending = pipeline.open_requests
             if args.progress and now - last_print >= args.progress:
                 last_print = now
                 stats = pipeline.store.stats
@@ -102,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
     except KeyboardInterrupt:
         reason = "interrupted"
-    except PipelineFailedError as e:
-        print(f"sts job: {e}", file=sys.stderr)
+    except failed as e:
+        logging.getLogger("sts.job").error("The pipeline failed: %s", e)
+        print(f"sts job: {e} (log: {args.log})", file=sys.stderr)
         return 1
     finally:
         pipeline.stop()

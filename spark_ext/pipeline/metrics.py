@@ -54,12 +54,17 @@ class _PipelineCollector(Collector):
         yield answers
         backlog = GaugeMetricFamily(f"{_PREFIX}_backlog_requests",
                                     "Accepted requests still waiting for their answer.")
-        backlog.add_metric([], p.safety_net.unanswered())
+        backlog.add_metric([], p.open_requests)
         yield backlog
         lost = CounterMetricFamily(f"{_PREFIX}_safety_net_fallbacks",
                                    "Requests answered by the safety net (no result in time).")
-        lost.add_metric([], p.safety_net.lost)
+        lost.add_metric([], p.counts.no_result_fallbacks)
         yield lost
+        conflicts = CounterMetricFamily(f"{_PREFIX}_write_conflicts_retried",
+                                        "Delta writes tried again because another writer "
+                                        "committed first.")
+        conflicts.add_metric([], p.counts.conflicts_retried)
+        yield conflicts
         invalid = CounterMetricFamily(f"{_PREFIX}_validation_failures",
                                       "Answers replaced by the fallback, by validation rule.",
                                       labels=["rule"])

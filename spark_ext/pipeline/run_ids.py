@@ -14,7 +14,9 @@ they must be); a reset checkpoint with the tables kept is a new run and writes a
 from __future__ import annotations
 
 import logging
+import time
 import uuid
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
@@ -27,9 +29,25 @@ logger = logging.getLogger(__name__)
 RUN_ID_NAME = "sts-run-id"
 
 
+@dataclass(frozen=True)
+class QueryRun:
+    """One run of a query's checkpoint."""
+
+    id: str
+    """Random, kept in the checkpoint while it has offsets."""
+    started_ms: int
+    """When the run began (epoch ms; 0 for a run kept by an older version)."""
+
+
 def query_run_id(spark: SparkSession, checkpoint: str) -> str:
     """The run id of the query checkpointed at ``checkpoint``: the one kept there while
     the checkpoint has offsets, else a new one (kept there from now on)."""
+    return query_run(spark, checkpoint).id
+
+
+def query_run(spark: SparkSession, checkpoint: str) -> QueryRun:
+    """The run of the query checkpointed at ``checkpoint`` (see :func:`query_run_id`),
+    with its start time."""
     return _run_id(spark, checkpoint)[0]
 
 
@@ -38,15 +56,15 @@ def is_new_checkpoint(spark: SparkSession, checkpoint: str) -> bool:
     return not storage.has_files(spark, join_uri(checkpoint, "offsets"))
 
 
-def _run_id(spark: SparkSession, checkpoint: str) -> tuple[str, bool]:
+def _run_id(spark: SparkSession, checkpoint: str) -> tuple[QueryRun, bool]:
     marker = join_uri(checkpoint, RUN_ID_NAME)
-    kept = storage.read_text(spark, marker)
+    kept = (storage.read_text(spark, marker) or "").split()
     if kept and not is_new_checkpoint(spark, checkpoint):
-        return kept, False
-    run = uuid.uuid4().hex[:16]
+        return QueryRun(kept[0], int(kept[1]) if len(kept) > 1 else 0), False
+    run = QueryRun(uuid.uuid4().hex[:16], int(time.time() * 1000))
     if kept:
         logger.warning("Checkpoint %s has no offsets: its batch ids start again at 0, so it "
                        "runs as a new run (%s, was %s); the tables are kept and nothing the "
-                       "new batches write is skipped.", checkpoint, run, kept)
-    storage.write_text(spark, marker, run)
+                       "new batches write is skipped.", checkpoint, run.id, kept[0])
+    storage.write_text(spark, marker, f"{run.id} {run.started_ms}")
     return run, True

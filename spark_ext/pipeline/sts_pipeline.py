@@ -3,28 +3,31 @@
 Two streaming queries, neither of which waits on the model, plus two driver-side
 tickers:
 
-``sts-submit``   events -> L1/L2 tagging -> SubmitBatch (``mapInArrow``) -> ack rows,
-                 materialised once per micro-batch (one Spark job): the rule/kb answers
-                 of the events L1/L2 answered (they pass through the submission
-                 unsent) and a fallback for every refused request in one commit, the
-                 ``requests`` table, and the accepted ones handed to the safety net.
-``sts-answers``  the sidecar's result rows (:mod:`spark_ext.sources.result_files`) -> the
-                 ``results`` table and, statelessly, the answers: ``ok`` -> ``llm``,
-                 anything else -> ``fallback``; an ``ok`` row for a request already
-                 answered with the fallback (a late result) -> ``backfill``.
-safety net       every ``safety_net_interval_s``: accepted requests with no answer by
-                 ``deadline + grace`` -> ``fallback`` (``reason = no_result``), also
-                 when no result arrives at all (sidecar killed).
+``sts-submit``   events -> L1/L2 tagging -> SubmitBatch (``mapInArrow``) -> ack rows.
+                 It writes no table: each task leaves its ack rows (accepted, refused,
+                 and the events L1/L2 or the rollout answered without the model) on the
+                 ack channel (:mod:`spark_ext.submit.ack_channel`), so its micro-batch
+                 is the time from an event to the sidecar and nothing more.
+``sts-answers``  results + acks + the clock (:mod:`spark_ext.l4.arrivals`) -> the ledger
+                 (:mod:`spark_ext.l4.ledger`, a Spark stateful operator keyed by bucket)
+                 -> every table, through the writer (:mod:`spark_ext.l4.answers_batch`):
+                 the first answer of each request appended, a fallback for an accepted
+                 request with no answer by ``deadline + grace`` (also when nothing
+                 arrives at all: the clock ticks), a model's late answer merged as the
+                 backfill, the ``requests``/``results``/``dead_letters``/``review_queue``
+                 records appended. One query writes each table.
 maintenance      every ``maintenance.interval_s``: compaction and vacuum of the tables.
+health           every 0.5 s: a query or ticker that died stops the pipeline.
 
 With a ``rollout`` mode other than ``full`` (:mod:`spark_ext.l4.rollout`), the submit
 query answers the events of the rule arm at once and submits only the model's arm;
-``shadow`` results go to the ``shadow_answers`` table (:mod:`spark_ext.l4.shadow`).
+``shadow`` results go to the ``shadow_answers`` table.
 
-Every write is an idempotent Delta append (app transaction = query + batch id), and
-the store's ledger keeps one answer row per request (:mod:`spark_ext.l4.answer_store`).
-If a query or a ticker dies, the pipeline stops everything and :meth:`StsPipeline.check`
-raises :class:`~spark_ext.exceptions.PipelineFailedError` with a one-line reason.
+Every append carries its query's run and batch id as a Delta app transaction, so a
+replayed micro-batch writes nothing twice; the ledger's state is in the answers query's
+checkpoint, so a restart neither answers twice nor forgets a request. If a query or a
+ticker dies, the pipeline stops everything and :meth:`StsPipeline.check` raises
+:class:`~spark_ext.exceptions.PipelineFailedError` with a one-line reason.
 """
 
 from __future__ import annotations
@@ -32,42 +35,51 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import os
 import re
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sidecar.contract import now_ms
-from spark_ext.config import QUERIES, PipelineConfig
+from spark_ext.config import QUERIES, TABLE_NAMES, PipelineConfig
 from spark_ext.exceptions import PipelineConfigError, PipelineFailedError
 from spark_ext.l2 import fast_path
 from spark_ext.l2.prompts import build_requests
 from spark_ext.l2.template import PromptTemplate
-from spark_ext.l4.answer_store import AnswerStore
-from spark_ext.l4.answers import (KB_IDS, answers_from_refusals, answers_from_results,
-                                  fast_answers, invalid_results, reject_invalid, review_rows)
+from spark_ext.l4.answers import KB_IDS, hours_between
+from spark_ext.l4.answers_batch import AnswersBatch
+from spark_ext.l4.arrivals import (LEDGER_BUCKETS, PIPELINE_ATTRIBUTE, SUBMIT_COLUMN, acks_dir,
+                                   arrivals, ledger_input, record_schemas)
 from spark_ext.l4.counts import PipelineCounts
-from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, rollout_answers, with_arm
-from spark_ext.l4.safety_net import KEPT_COLUMNS, SafetyNet, TableSafetyNet, Ticker
-from spark_ext.l4.shadow import ShadowAnswers, shadow_mask
-from spark_ext.l4.spark_tables import SparkStore, SparkTables, choose_writer
+from spark_ext.l4.ledger import BucketLedger, ledger_schema
+from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, with_arm
 from spark_ext.l4.validation import AnswerValidator
-from spark_ext.pipeline.run_ids import is_new_checkpoint, query_run_id
-from spark_ext.pipeline.spark_batches import (PIPELINE_ATTRIBUTE, SUBMIT_COLUMN, BatchContext,
-                                              ResultBatchWriter, SubmitBatchWriter)
+from spark_ext.pipeline.ticker import Ticker
+from spark_ext import storage
+from spark_ext.l4.writers import TableWriter, choose_writer
+from spark_ext.pipeline.run_ids import QueryRun, is_new_checkpoint, query_run
+from spark_ext.schemas import spark_schema
+from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE, register_clock_source
 from spark_ext.sources.events import event_source
-from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag, split_dead_letters
+from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, ensure_topics, kafka_lag
 from spark_ext.sources.results import read_results
+from spark_ext.submit.ack_channel import AckChannel
 from spark_ext.submit.submission import check_sidecars, submit_requests
 from spark_ext.tracing import answer_spans
 from spark_ext.uris import is_local_uri, local_path, resolve_local
 
 logger = logging.getLogger(__name__)
+
+#: How long after ``deadline + grace`` the ledger remembers an answered request (a
+#: repeat then is dropped without a table read; later ones are merged, which is as
+#: correct and costs a read).
+STATE_HOLD_MS = 30_000
 
 #: Spark's idle poll interval of a streaming query (``output.idle_poll_ms``).
 _POLLING_DELAY = "spark.sql.streaming.pollingDelay"
@@ -79,14 +91,6 @@ _FILESYSTEM_MANAGERS = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
     "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager",
 )
-
-#: Boolean column of the routed submit query: whether the row goes to the sidecar.
-_SUBMIT_COLUMN = SUBMIT_COLUMN
-#: How far past the longest deadline plus grace each sweep of the ``spark`` writer's
-#: safety net looks back (a request whose ack lands that late is still answered).
-_SAFETY_NET_LOOKBACK_MS = 120_000
-#: The shortest interval between two sweeps of the ``spark`` writer's safety net.
-_TABLE_SWEEP_MIN_S = 2.0
 
 
 #: A line naming an exception, as Python and the JVM print them (``OSError: disk full``).
@@ -143,6 +147,25 @@ def _await_sources(query: StreamingQuery, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+class PipelineTables:
+    """The pipeline's tables as the demo, the tests and ``/metrics`` read them:
+    :meth:`read` returns Arrow, :attr:`stats` the counters of this process's writes."""
+
+    def __init__(self, spark: SparkSession, writer: TableWriter, counts: PipelineCounts) -> None:
+        self.spark, self.writer, self.stats = spark, writer, counts
+
+    def path(self, name: str) -> str:
+        return self.writer.location(name)
+
+    def exists(self, name: str) -> bool:
+        return self.writer.exists(self.spark, name)
+
+    def read(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """Table ``name`` as Arrow (``columns`` only, when given; empty when it does not
+        exist yet)."""
+        return self.writer.read(self.spark, name, columns)
+
+
 class StsPipeline:
     """Builds and runs the STS queries on a SparkSession.
 
@@ -163,36 +186,22 @@ class StsPipeline:
         # Tags this pipeline's requests; stable across restarts of the same checkpoints.
         self.pipeline_id = hashlib.sha1(
             resolve_local(out.checkpoint_dir, Path.cwd()).encode()).hexdigest()[:12]
-        self.run_ids: dict[str, str] = {}
-        """Query -> its run id (:mod:`spark_ext.pipeline.run_ids`), set when it starts."""
-        self.writer = choose_writer(spark, out)
-        """Who writes the tables: ``spark`` (Delta on Spark) or ``deltalake``."""
+        self.runs: dict[str, QueryRun] = {}
+        """Query -> its run (:mod:`spark_ext.pipeline.run_ids`), set when it starts."""
+        self.tables = choose_writer(spark, out, tuple(config.tagging.key_columns))
+        """Who writes the tables (:mod:`spark_ext.l4.writers`)."""
+        self.writer = self.tables.name
+        """Its name: ``spark`` (Delta on Spark) or ``deltalake``."""
+        if self.writer == "deltalake":
+            self.tables.tracer = answer_spans()  # L4 spans; None unless OTEL_* switch them on
         self.validator = AnswerValidator(config.validation)
+        """The output validation's rules (the answers are checked in the executors)."""
         self.counts = PipelineCounts()
         """What the pipeline wrote since it started (:mod:`spark_ext.l4.counts`)."""
+        self.store = PipelineTables(spark, self.tables, self.counts)
+        """The tables, to read (:class:`PipelineTables`)."""
         self.fast_path_stats = fast_path.FastPathStats()
         """Routes and retrieval hits of L1/L2 since start (empty when both are off)."""
-        answers_cfg = config.answers
-        if self.writer == "spark":
-            self.tables = SparkTables(out, tuple(config.tagging.key_columns))
-            self.store = SparkStore(spark, self.tables, self.counts)
-            longest = max(config.tagging.sla_ms.values()) + answers_cfg.grace_ms
-            self.safety_net = TableSafetyNet(
-                spark, self.tables, grace_ms=answers_cfg.grace_ms,
-                fallback_text=answers_cfg.fallback_text,
-                lookback_ms=longest + _SAFETY_NET_LOOKBACK_MS,
-                first_lookback_ms=int(answers_cfg.ledger_horizon_s * 1000))
-            self.shadow = None
-        else:
-            self.store = AnswerStore(out.out_dir, key_columns=config.tagging.key_columns,
-                                     ledger_horizon_s=answers_cfg.ledger_horizon_s,
-                                     storage_options=out.storage_options or None)
-            self.store.tracer = answer_spans()  # L4 spans; None unless OTEL_* switch them on
-            self.shadow = ShadowAnswers(self.store, horizon_s=answers_cfg.ledger_horizon_s)
-            """The ``shadow_answers`` table (rollout ``shadow``, :mod:`spark_ext.l4.shadow`)."""
-            self.safety_net = SafetyNet(self.store, grace_ms=answers_cfg.grace_ms,
-                                        fallback_text=answers_cfg.fallback_text,
-                                        app_id=f"sts-safety-net-{self.pipeline_id}/answers")
         self.queries: list[StreamingQuery] = []
         self.tickers: list[Ticker] = []
         self.metrics = None
@@ -203,22 +212,29 @@ class StsPipeline:
         self._stopping = threading.Event()
         self.source = event_source(config)
         """The L0 reader of ``source.format`` (:mod:`spark_ext.sources.events`)."""
-        folders = [config.sidecar.results_dir, out.out_dir, out.checkpoint_dir]
+        folders = [out.out_dir, out.checkpoint_dir]
+        if config.sidecar.result_channel == "files":
+            folders += [config.sidecar.results_dir, acks_dir(config, self.pipeline_id)]
         if folder := self.source.local_folder():
             folders.append(folder)  # Spark's file source needs it to exist
         for d in folders:
             if is_local_uri(d):
                 local_path(d).mkdir(parents=True, exist_ok=True)
 
-    def _app_id(self, query: str, table: str) -> str:
-        """Delta app-transaction id of ``query``'s writes to ``table``: its run id,
+    @property
+    def run_ids(self) -> dict[str, str]:
+        """Query -> its run id."""
+        return {q: run.id for q, run in self.runs.items()}
+
+    def _app_id(self, query: str) -> str:
+        """Prefix of the Delta app-transaction ids of ``query``'s writes: its run id,
         stable across restarts of its checkpoint and new when the checkpoint starts over
         (so a reset checkpoint's batch ids never collide with committed versions)."""
-        return f"sts-{query}-{self.run_ids.get(query, self.pipeline_id)}/{table}"
+        return f"sts-{query}-{self.runs[query].id}"
 
     @property
     def submitted(self) -> int:
-        """Requests this pipeline submitted (ack rows of its micro-batches) since start."""
+        """Requests this pipeline submitted (the ``requests`` rows it wrote) since start."""
         return self.counts.submitted
 
     @property
@@ -230,6 +246,11 @@ class StsPipeline:
     def validation_failures(self) -> collections.Counter:
         """Answers replaced by the fallback since start, per validation rule."""
         return self.counts.validation_failures
+
+    @property
+    def open_requests(self) -> int:
+        """Accepted requests still waiting for their answer (at the last micro-batch)."""
+        return self.counts.open_requests
 
     # -------------------------------------------------------------- DataFrames
 
@@ -250,165 +271,86 @@ class StsPipeline:
             requests = with_arm(requests, self.config.rollout)
         return requests
 
-    def acks(self, events: DataFrame | None = None) -> DataFrame:
-        return submit_requests(self.requests(events), self.config.sidecar,
-                               self.config.tagging.key_columns,
-                               {PIPELINE_ATTRIBUTE: self.pipeline_id},
-                               traceparent_column=self.config.tagging.traceparent)
-
-    def results(self) -> DataFrame:
-        return read_results(self.spark, self.config)
-
-    # -------------------------------------------------------------- batch writers
-
-    def _write_submitted(self, batch: DataFrame, batch_id: int) -> None:
-        """Every event went to the sidecar: record the ack rows (one materialisation)."""
-        self._record_acks(batch.toArrow(), batch_id, answers=[])
-
-    def _record_acks(self, table: pa.Table, batch_id: int, *, answers: list[dict]) -> None:
-        """Answers first (``answers`` plus a fallback for every refusal, one Delta
-        commit), then the ``requests`` table; the accepted requests go to the safety net."""
-        self.counts.submitted += table.num_rows
-        answers_cfg = self.config.answers
-        refusals = table
-        if table.num_rows and ARM_COLUMN in table.column_names:  # shadow: answered (rule)
-            shadow = pc.fill_null(pc.equal(table.column(ARM_COLUMN), "shadow"), False)
-            self.shadow.record_refusals(table.filter(shadow),
-                                        fallback_text=answers_cfg.fallback_text,
-                                        app_id=self._app_id("submit", "shadow"), version=batch_id)
-            refusals = table.filter(pc.invert(shadow))
-        answers = answers + answers_from_refusals(
-            refusals, key_columns=self.config.tagging.key_columns,
-            fallback_text=answers_cfg.fallback_text)
-        if answers:
-            self.store.record_answers(answers, app_id=self._app_id("submit", "answers"),
-                                      version=batch_id)
-        if table.num_rows == 0:
-            return
-        self.store.append("requests", table, app_id=self._app_id("submit", "requests"),
-                          version=batch_id)
-        accepted = refusals.filter(pc.fill_null(refusals.column("accepted"), False))
-        keep = [c for c in (*KEPT_COLUMNS, *self.config.tagging.key_columns)
-                if c in accepted.column_names]
-        self.safety_net.watch(accepted.select(list(dict.fromkeys(keep))).to_pylist())
-
-    def _routed_acks(self, events: DataFrame | None = None) -> DataFrame:
-        """L1/L2 or a rollout mode on: every request row, with ack columns where it was
-        submitted (route ``llm``, and the ``llm``/``shadow`` arm) and null ones where it
-        was not, from one ``mapInArrow`` (:func:`~spark_ext.submit.submission.submit_requests`)."""
+    def acks(self, events: DataFrame | None = None,
+             ack_channel: AckChannel | None = None) -> DataFrame:
+        """The submit query's output: one ack row per event. With L1/L2, a rollout mode
+        or a source with dead letters, every row, with ack columns where it was submitted
+        (route ``llm``, the ``llm``/``shadow`` arm) and null ones where it was not."""
         from pyspark.sql import functions as F
 
         requests = self.requests(events)
+        extra = {PIPELINE_ATTRIBUTE: self.pipeline_id}
+        if not self._routed():
+            return submit_requests(requests, self.config.sidecar,
+                                   self.config.tagging.key_columns, extra,
+                                   traceparent_column=self.config.tagging.traceparent,
+                                   ack_channel=ack_channel)
         chosen = F.col("route") == "llm" if "route" in requests.columns else F.lit(True)
         if DEAD_LETTER_COLUMN in requests.columns:  # not an event: never submitted
             chosen = chosen & F.col(DEAD_LETTER_COLUMN).isNull()
-        extra = {PIPELINE_ATTRIBUTE: self.pipeline_id}
         if ARM_COLUMN in requests.columns:
             chosen = chosen & F.col(ARM_COLUMN).isin("llm", "shadow")
             if self.config.rollout.mode == "shadow":
                 extra[SHADOW_ATTRIBUTE] = "1"
         carried = [*self.config.tagging.key_columns,
                    *([KB_IDS] if KB_IDS in requests.columns else [])]
-        requests = requests.withColumn(_SUBMIT_COLUMN, F.coalesce(chosen, F.lit(False)))
+        requests = requests.withColumn(SUBMIT_COLUMN, F.coalesce(chosen, F.lit(False)))
         return submit_requests(requests, self.config.sidecar, carried, extra,
                                traceparent_column=self.config.tagging.traceparent,
-                               submit_when=_SUBMIT_COLUMN)
+                               submit_when=SUBMIT_COLUMN, ack_channel=ack_channel)
 
-    def _write_routed(self, batch: DataFrame, batch_id: int) -> None:
-        """L1/L2 on: events routed ``rule``/``drop``/``kb`` are answered at once, ``llm``
-        ones were submitted in the same job (:meth:`_routed_acks`). With a rollout
-        mode, ``rule``/``shadow`` arm events get the rule answer at once (``shadow``
-        ones were submitted too, :mod:`spark_ext.l4.rollout`). Records that are not
-        events (a Kafka source's dead letters) go to the ``dead_letters`` table. One
-        Spark job, one commit to ``answers`` and one to ``requests`` per micro-batch."""
-        table, dead = split_dead_letters(batch.toArrow(), now_ms=now_ms())
-        if dead.num_rows:
-            self._record_dead_letters(dead, batch_id)
-        if table.num_rows == 0:
-            return
-        keys = self.config.tagging.key_columns
-        answers: list[dict] = []
-        if fast_path.enabled(self.config):
-            self.fast_path_stats.add(table)
-            direct = table.filter(pc.fill_null(pc.not_equal(table.column("route"), "llm"), True))
-            answers += fast_answers(direct.to_pylist(), key_columns=keys,
-                                              rule_text=self.config.routing.rule_text)
-        if ARM_COLUMN in table.column_names:
-            held = table.filter(pc.fill_null(
-                pc.is_in(table.column(ARM_COLUMN), pa.array(["rule", "shadow"])), False))
-            answers += rollout_answers(held.to_pylist(), mode=self.config.rollout.mode,
-                                       key_columns=keys,
-                                       rule_text=self.config.answers.fallback_text)
-        submitted = table.filter(pc.fill_null(table.column(_SUBMIT_COLUMN), False))
-        dropped = [c for c in (_SUBMIT_COLUMN, *fast_path.KB_ONLY_COLUMNS)
-                   if c in table.column_names]
-        self._record_acks(submitted.drop_columns(dropped), batch_id, answers=answers)
+    def results(self) -> DataFrame:
+        """The sidecar's result rows as a stream (the result channel's reader)."""
+        return read_results(self.spark, self.config)
 
-    def _record_dead_letters(self, dead: pa.Table, batch_id: int) -> None:
-        """Records that are not events: kept with their bytes, offset and reason, counted,
-        logged (the first ones, then every 1000th); never answered, never submitted."""
-        if self.store.append("dead_letters", dead, app_id=self._app_id("submit", "dead-letters"),
-                             version=batch_id):
-            before = self.dead_letters
-            self.counts.dead_letters += dead.num_rows
-            if before < 10 or before // 1000 != self.dead_letters // 1000:
-                first = dead.slice(0, 1).to_pylist()[0]
-                logger.warning("Dead letters: %d record(s) are not events (%s, offset %s: %s); "
-                               "%d so far, in the dead_letters table.", dead.num_rows,
-                               first["topic"], first["offset"], first["error"],
-                               self.dead_letters)
+    def _ack_channel(self) -> AckChannel:
+        side, run = self.config.sidecar, self.runs["submit"]
+        if side.result_channel == "kafka":
+            return AckChannel("kafka", self.pipeline_id, run.id, run.started_ms,
+                              topic=side.acks_topic,
+                              producer_config=self.config.kafka.producer_config())
+        return AckChannel("files", self.pipeline_id, run.id, run.started_ms,
+                          acks_dir=acks_dir(self.config, self.pipeline_id))
 
-    def _write_results(self, batch: DataFrame, batch_id: int) -> None:
-        table = batch.toArrow()
-        if table.num_rows and not pc.all(pc.is_valid(table.column("status"))).as_py():
-            unreadable = table.filter(pc.invert(pc.is_valid(table.column("status"))))
-            logger.warning("Skipping %d result record(s) that do not parse (request ids %s); "
-                           "their requests get the safety net's fallback.", unreadable.num_rows,
-                           unreadable.column("request_id").to_pylist()[:5])
-            table = table.filter(pc.is_valid(table.column("status")))
-        if table.num_rows:  # results of other pipelines sharing the folder are not ours
-            mine = pc.equal(pc.map_lookup(table.column("attributes"), PIPELINE_ATTRIBUTE,
-                                          "first"), self.pipeline_id)
-            table = table.filter(pc.fill_null(mine, False))
-        if table.num_rows and pc.any(shadow := shadow_mask(table)).as_py():  # never served
-            self.shadow.record_results(table.filter(shadow), check=self.validator.check,
-                                       fallback_text=self.config.answers.fallback_text,
-                                       app_id=self._app_id("answers", "shadow"),
-                                       version=batch_id)
-            table = table.filter(pc.invert(shadow))
-        if table.num_rows == 0:
-            return
-        keys, fallback = self.config.tagging.key_columns, self.config.answers.fallback_text
-        invalid = invalid_results(table, self.validator.check)
-        late = pc.fill_null(table.column("late"), False) if "late" in table.column_names \
-            else pa.array([False] * table.num_rows)
-        terminal = table.filter(pc.invert(late))
-        # The answers first: they are what a reader waits for.
-        self.store.record_answers(
-            reject_invalid(answers_from_results(terminal, key_columns=keys,
-                                                fallback_text=fallback), invalid, fallback),
-            app_id=self._app_id("answers", "answers"), version=batch_id)
-        self.store.append("results", table, app_id=self._app_id("answers", "results"),
-                          version=batch_id)
-        if invalid:  # a person looks at them; a late invalid answer never backfills
-            self.counts.validation_failures.update(invalid.values())
-            logger.warning("Output validation: %d answers replaced by the fallback (%s).",
-                           len(invalid), dict(collections.Counter(invalid.values())))
-            self.store.append("review_queue", review_rows(
-                table, invalid, key_columns=keys, fallback_text=fallback, now_ms=now_ms()),
-                app_id=self._app_id("answers", "review"), version=batch_id)
-            ok_invalid = pc.and_(pc.equal(table.column("status"), "ok"),
-                                 pc.is_in(table.column("request_id"),
-                                          pa.array(list(invalid), pa.string())))
-            table = table.filter(pc.invert(pc.fill_null(ok_invalid, False)))
-        self.store.backfill(table)
+    def hint_path(self) -> str:
+        """The clock's hint file (:mod:`spark_ext.sources.clock`): local to the driver,
+        where the answers query's writer and the clock source both run."""
+        name = f"sts-clock-{self.pipeline_id}-{self.runs['answers'].id}.json"
+        return os.path.join(tempfile.gettempdir(), "sts-spark", name)
+
+    def answers_input(self, ack_schema) -> DataFrame:
+        """The answers query's stream: the ledger's output (:mod:`spark_ext.l4.ledger`)
+        over the results, the acks of ``ack_schema`` and the clock."""
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        config = self.config
+        register_clock_source(self.spark)
+        clock = (self.spark.readStream.format(CLOCK_SOURCE).option("hintPath", self.hint_path())
+                 .option("buckets", str(LEDGER_BUCKETS)).load())
+        candidates = ledger_input(
+            arrivals(self.spark, config, pipeline_id=self.pipeline_id, ack_schema=ack_schema),
+            clock, config, hold_ms=STATE_HOLD_MS, rule_text=config.routing.rule_text,
+            count_events=fast_path.enabled(config),
+            submit_column=SUBMIT_COLUMN if self._routed() else None)
+        keys = tuple(config.tagging.key_columns)
+        every = config.output.records_interval_s
+        if every is None:
+            every = self.tables.records_interval_s
+        ledger = BucketLedger(keys, merge_before=self.runs["answers"].started_ms,
+                              records_every_ms=int(every * 1000))
+        return candidates.groupBy("_bucket").applyInPandasWithState(
+            ledger, spark_schema(ledger_schema(keys)), BucketLedger.STATE_DDL, "update",
+            GroupStateTimeout.NoTimeout)
 
     # -------------------------------------------------------------- lifecycle
 
-    def _start(self, df: DataFrame, query: str, write: object) -> StreamingQuery:
-        """Start ``df`` as query ``sts-<query>`` with its checkpoint and trigger."""
-        writer = (df.writeStream.queryName(f"sts-{query}").foreachBatch(write)
+    def _start(self, df: DataFrame, query: str, *, foreach: object = None,
+               output_mode: str = "append", sink: str | None = None) -> StreamingQuery:
+        """Start ``df`` as query ``sts-<query>`` with its checkpoint and trigger, into
+        ``foreach`` (a ``foreachBatch`` function) or the ``sink`` format."""
+        writer = (df.writeStream.queryName(f"sts-{query}").outputMode(output_mode)
                   .option("checkpointLocation", self.config.output.checkpoint(query)))
+        writer = writer.foreachBatch(foreach) if foreach is not None else writer.format(sink)
         seconds = self.config.output.triggers[query]
         if seconds > 0:
             writer = writer.trigger(processingTime=f"{seconds} seconds")
@@ -436,25 +378,21 @@ class StsPipeline:
     def start(self, *, events: DataFrame | None = None) -> list[StreamingQuery]:
         """Start the queries and the tickers (``events`` overrides the configured source).
 
-        With the ``deltalake`` writer, first the ledger of recent answers and the safety
-        net are refilled from the tables, so a restart neither answers twice nor forgets
-        a request; the ``spark`` writer keeps no such state (its MERGE and its safety net
-        ask the tables).
-        """
+        The answers query starts first, reading the ack channel with the schema of the
+        submit query's output; a restart continues from both checkpoints (the ledger's
+        state included: a request accepted before the stop is still answered)."""
         publish = self.config.answers.topic is not None
+        self._set_aside_stale_state()
         for query in QUERIES if publish else ("submit", "answers"):
-            self.run_ids[query] = query_run_id(self.spark, self.config.output.checkpoint(query))
-        if self.writer == "spark":
-            self.tables.create_answer_tables(self.spark)
-        else:
-            self.store.create_answers_table()
-            self.store.load_ledger()
+            self.runs[query] = query_run(self.spark, self.config.output.checkpoint(query))
+        self.tables.create_tables(self.spark)
         if publish:  # the last version written before this start
             self._answers_version = self._table_version("answers")
-            self.shadow.load()
-            self.safety_net.watch(self.store.unanswered_requests())
         if self.config.sidecar.check_at_start:
             self.check_sidecars()
+        if self.config.sidecar.result_channel == "kafka":  # the sidecars' and the acks'
+            ensure_topics(self.config.kafka.producer_config(),
+                          [*self.config.result_topics(), self.config.sidecar.acks_topic])
         if (port := self.config.output.metrics_port) is not None:
             from spark_ext.pipeline.metrics import PipelineMetrics
 
@@ -463,20 +401,24 @@ class StsPipeline:
             self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
             logger.info("Spark-side metrics on http://%s:%d/metrics",
                         self.config.output.metrics_addr, self.metrics_port)
-        submit_write, results_write = self._batch_writers()
-        # The answers query first: its results source starts a Python worker that must
-        # connect back within Spark's fixed timeout, which L1/L2's start (model loads in
-        # every worker) can exceed on a busy machine.
-        answers = self._start(self.results(), "answers", results_write)
+        submit_df = self.acks(events, ack_channel=self._ack_channel())
+        keys = tuple(self.config.tagging.key_columns)
+        batch_writer = AnswersBatch(
+            self.tables, app_id=self._app_id("answers"),
+            record_schemas=record_schemas(submit_df.schema, keys), hint_path=self.hint_path(),
+            counts=self.counts,
+            fast_path_stats=self.fast_path_stats if fast_path.enabled(self.config) else None)
+        # The answers query first: its sources start Python workers that must connect
+        # back within Spark's fixed timeout, which L1/L2's start (model loads in every
+        # worker) can exceed on a busy machine.
+        answers = self._start(self.answers_input(submit_df.schema), "answers",
+                              foreach=batch_writer, output_mode="update")
         try:
             _await_sources(answers)
-            if self._routed():
-                if fast_path.enabled(self.config):
-                    fast_path.warm_up(self.spark, self.config)
-                self._warm_up_plan()
-                submit = self._start(self._routed_acks(events), "submit", submit_write)
-            else:
-                submit = self._start(self.acks(events), "submit", submit_write)
+            if fast_path.enabled(self.config):
+                fast_path.warm_up(self.spark, self.config)
+            self._warm_up_plan()
+            submit = self._start(submit_df, "submit", sink="noop")
         except BaseException:
             answers.stop()
             raise
@@ -489,7 +431,6 @@ class StsPipeline:
                     q.stop()
                 raise
         self.tickers = [
-            Ticker("sts-safety-net", self._safety_net_interval_s(), self.safety_net.sweep),
             Ticker("sts-maintenance", self.config.maintenance.interval_s, self._maintain),
             Ticker("sts-health", 0.5, self._watch_health),
         ]
@@ -497,16 +438,38 @@ class StsPipeline:
             t.start()
         return self.queries
 
+    def _set_aside_stale_state(self) -> None:
+        """A checkpoint emptied of its offsets but not of its state (a partial reset)
+        starts a new run, and Spark refuses state left from the old one
+        (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``): a local one is moved aside to
+        ``state-before-<time>`` (kept, not deleted); on an object store the start is
+        refused with what to remove."""
+        checkpoint = self.config.output.checkpoint("answers")
+        state = f"{checkpoint.rstrip('/')}/state"
+        if not is_new_checkpoint(self.spark, checkpoint):
+            return
+        if is_local_uri(state):
+            folder = local_path(state)
+            if folder.is_dir():
+                aside = folder.with_name(f"state-before-{now_ms()}")
+                folder.rename(aside)
+                logger.warning("Checkpoint %s had state but no offsets (a partial reset): "
+                               "its old state moved to %s.", checkpoint, aside)
+        elif storage.has_files(self.spark, state):
+            raise PipelineConfigError(
+                f"checkpoint {checkpoint} has state but no offsets (a partial reset): "
+                f"remove {state} or the whole checkpoint")
+
     def _start_publisher(self) -> StreamingQuery:
         """``sts-publish``: the answers' change feed -> the answers topic
         (:mod:`spark_ext.l4.answers_topic`); needs Delta on Spark to read the feed."""
         from spark_ext.l4.answers_topic import AnswerPublisher
-        from spark_ext.l4.spark_tables import SparkTables, delta_on_spark
+        from spark_ext.l4.writers.spark import SparkWriter, delta_on_spark
 
         if not delta_on_spark(self.spark):
             raise PipelineConfigError("answers.topic needs Delta on Spark (delta-spark) to "
                                       "read the answers' change feed")
-        tables = SparkTables(self.config.output, tuple(self.config.tagging.key_columns))
+        tables = SparkWriter(self.config.output, tuple(self.config.tagging.key_columns))
         # A new checkpoint starts at the table's current version, published from the
         # next one on (Delta refuses a starting version past the latest); a checkpoint
         # that exists resumes from its own offsets.
@@ -519,16 +482,17 @@ class StsPipeline:
                    else reader.load(tables.location("answers")))
         publisher = AnswerPublisher(
             topic=self.config.answers.topic, producer_config=self.config.kafka.producer_config(),
-            run_id=self.run_ids["publish"], key_columns=tuple(self.config.tagging.key_columns),
+            run_id=self.runs["publish"].id, key_columns=tuple(self.config.tagging.key_columns),
             skip_through=skip_through)
         self._publisher = publisher  # closed when the pipeline stops (classic sessions)
-        return self._start(changes, "publish", publisher)
+        return self._start(changes, "publish", foreach=publisher)
 
     def _table_version(self, name: str) -> int:
         """The latest version of table ``name`` (Delta's history, through Spark)."""
-        tables = SparkTables(self.config.output, tuple(self.config.tagging.key_columns))
-        return int(self.spark.sql(f"DESCRIBE HISTORY {tables.ref(name)} LIMIT 1")
-                   .collect()[0]["version"])
+        from spark_ext.l4.writers.spark import SparkWriter
+
+        return SparkWriter(self.config.output, tuple(self.config.tagging.key_columns)
+                           ).version(self.spark, name)
 
     def _routed(self) -> bool:
         """Whether the submit query passes some rows through unsent (L1/L2 answers them,
@@ -536,40 +500,10 @@ class StsPipeline:
         return (fast_path.enabled(self.config) or self.config.rollout.mode != "full"
                 or self.source.has_dead_letters)
 
-    def _batch_writers(self):
-        """The ``foreachBatch`` functions of the submit and answers queries: with the
-        ``spark`` writer plain objects that carry configuration only (they may run in
-        Spark Connect's server), with ``deltalake`` this pipeline's own methods."""
-        if self.writer != "spark":
-            return (self._write_routed if self._routed() else self._write_submitted,
-                    self._write_results)
-        answers = self.config.answers
-        ctx = BatchContext(
-            tables=self.tables, pipeline_id=self.pipeline_id,
-            app_ids={q: f"sts-{q}-{run}" for q, run in self.run_ids.items()},
-            fallback_text=answers.fallback_text, rule_text=self.config.routing.rule_text,
-            rollout_mode=self.config.rollout.mode, validation=self.config.validation,
-            counts=self.counts,
-            fast_path_stats=self.fast_path_stats if fast_path.enabled(self.config) else None)
-        return SubmitBatchWriter(ctx), ResultBatchWriter(ctx)
-
-    def _safety_net_interval_s(self) -> float:
-        """``answers.safety_net_interval_s``; with the ``spark`` writer each sweep is a
-        Spark query, so at least :data:`_TABLE_SWEEP_MIN_S`."""
-        interval = self.config.answers.safety_net_interval_s
-        return max(interval, _TABLE_SWEEP_MIN_S) if self.writer == "spark" else interval
-
     def _maintain(self) -> None:
-        maintenance = self.config.maintenance
-        if self.writer == "spark":
-            from spark_ext.config import TABLE_NAMES
-            from spark_ext.l4.answers import hours_between
-
-            now = now_ms()
-            self.tables.maintain(self.spark, TABLE_NAMES, hours_between(now - 3_600_000, now),
-                                 vacuum_retention_hours=maintenance.vacuum_retention_hours)
-        else:
-            self.store.maintain(vacuum_retention_hours=maintenance.vacuum_retention_hours)
+        now = now_ms()
+        self.tables.maintain(self.spark, TABLE_NAMES, hours_between(now - 3_600_000, now),
+                             vacuum_retention_hours=self.config.maintenance.vacuum_retention_hours)
 
     def _warm_up_plan(self) -> None:
         """Run the submit query's request plan once over one all-null event read the way
@@ -668,7 +602,7 @@ class StsPipeline:
         self._stopping.set()
         for t in self.tickers:
             t.stop()
-        for t in self.tickers:  # a sweep under way ends before the queries and Spark do
+        for t in self.tickers:  # a tick under way ends before the queries and Spark do
             if t is not threading.current_thread():
                 t.join(timeout=60)
         for q in self.queries:
@@ -678,8 +612,8 @@ class StsPipeline:
                 logger.debug("Stopping %s raised.", q.name, exc_info=True)
         if (publisher := getattr(self, "_publisher", None)) is not None:
             publisher.close()
-        if self.store.tracer is not None:
-            self.store.tracer.flush()
+        if (tracer := getattr(self.tables, "tracer", None)) is not None:
+            tracer.flush()
         if self.metrics is not None:
             try:
                 self.spark.streams.removeListener(self.metrics)

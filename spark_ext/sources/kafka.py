@@ -294,3 +294,17 @@ def read_result_topics(spark: SparkSession, config: PipelineConfig) -> DataFrame
     return records.select(row.alias("r"), F.col("key").cast("string").alias("_key")) \
         .select(*[F.coalesce(F.col("r.request_id"), F.col("_key")).alias(f.name)
                   if f.name == "request_id" else F.col(f"r.{f.name}") for f in schema.fields])
+
+
+def read_channel_topics(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    """The ``kafka`` channel as the answers query reads it: the result topics and the
+    acks topic (``sidecar.acks_topic``) in one Kafka source, each record as ``_topic``,
+    ``_key`` and ``_value`` (strings). Topics that do not exist yet are created first
+    (:func:`ensure_topics`)."""
+    topics = [*config.result_topics(), config.sidecar.acks_topic]
+    ensure_topics(config.kafka.producer_config(), topics)
+    options = {**result_topics_options(config), "subscribe": ",".join(topics)}
+    records = spark.readStream.format("kafka").options(**options).load()
+    return records.select(F.col("topic").alias("_topic"),
+                          F.col("key").cast("string").alias("_key"),
+                          F.col("value").cast("string").alias("_value"))

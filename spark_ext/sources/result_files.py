@@ -64,8 +64,10 @@ def _normalised(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def schema_problem(schema: pa.Schema) -> str | None:
-    """Why a result file with ``schema`` cannot be read, or ``None`` when it can.
+def schema_problem(schema: pa.Schema, expected: pa.Schema = RESULT_SCHEMA,
+                   required: tuple[str, ...] = REQUIRED_COLUMNS) -> str | None:
+    """Why a file with ``schema`` cannot be read as ``expected`` (default: a result
+    file), or ``None`` when it can.
 
     Example:
         >>> schema_problem(pa.schema([("request_id", pa.int64()), ("status", pa.string())]))
@@ -74,10 +76,10 @@ def schema_problem(schema: pa.Schema) -> str | None:
         True
     """
     names = set(schema.names)
-    for name in REQUIRED_COLUMNS:
+    for name in required:
         if name not in names:
             return f"column {name} is missing"
-    for field in RESULT_SCHEMA:
+    for field in expected:
         if field.name in names:
             got = _normalised(schema.field(field.name).type)
             if got != field.type:
@@ -85,19 +87,21 @@ def schema_problem(schema: pa.Schema) -> str | None:
     return None
 
 
-def conform(table: pa.Table) -> pa.Table:
-    """``table`` with exactly :data:`RESULT_SCHEMA`'s columns (:data:`READ_SCHEMA`):
-    extra ones dropped, missing ones null (``late`` false), string views cast to strings."""
+def conform(table: pa.Table, expected: pa.Schema = RESULT_SCHEMA) -> pa.Table:
+    """``table`` with exactly ``expected``'s columns (default :data:`READ_SCHEMA`):
+    extra ones dropped, missing ones null (booleans false), string views cast to
+    strings, every column nullable."""
     n = table.num_rows
     columns = []
-    for field in RESULT_SCHEMA:
-        if field.name in table.column_names:
-            columns.append(table.column(field.name).cast(field.type))
-        elif field.type == pa.bool_():
+    for f in expected:
+        if f.name in table.column_names:
+            columns.append(table.column(f.name).cast(f.type))
+        elif f.type == pa.bool_():
             columns.append(pa.array([False] * n, pa.bool_()))
         else:
-            columns.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(columns, schema=READ_SCHEMA)
+            columns.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(columns, schema=pa.schema([f.with_nullable(True)
+                                                           for f in expected]))
 
 
 @dataclass(frozen=True)
@@ -192,9 +196,11 @@ class _FilesPartition(InputPartition):
 class ResultsStreamReader(DataSourceStreamReader):
     """Offsets: ``{"streams": {"<sidecar_id>@<incarnation>": <last seq read>}}``."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], expected: pa.Schema = RESULT_SCHEMA) -> None:
         # Spark hands data-source options over with lower-cased keys.
         options = {k.lower(): v for k, v in options.items()}
+        self.expected = expected
+        self.required = REQUIRED_COLUMNS if expected is RESULT_SCHEMA else ()
         self.path = options["path"]
         self.quarantine_dir = options.get("quarantinedir") or str(Path(self.path) / QUARANTINE_DIR)
         self.retention_s = float(options.get("retentionseconds", "600"))
@@ -216,7 +222,7 @@ class ResultsStreamReader(DataSourceStreamReader):
         if f.path in self._checked:
             return True
         try:
-            problem = schema_problem(pq.read_schema(f.path))
+            problem = schema_problem(pq.read_schema(f.path), self.expected, self.required)
         except FileNotFoundError:
             return False
         except Exception as e:  # a corrupt footer, a truncated file
@@ -249,7 +255,7 @@ class ResultsStreamReader(DataSourceStreamReader):
         freeze_loaded("results_source")  # its imports: out of the per-task GC
         for path in partition.paths:  # type: ignore[attr-defined]
             try:
-                table = conform(pq.read_table(path))
+                table = conform(pq.read_table(path), self.expected)
             except FileNotFoundError:
                 # Removed after it was planned (by hand): its rows are gone; the
                 # safety net answers their requests with the fallback.
@@ -283,20 +289,21 @@ class ResultsSimpleStreamReader(SimpleDataSourceStreamReader):
     (Spark's simple reader: no Python task per micro-batch, so less latency per batch;
     meant for the modest row rates of one pipeline's results)."""
 
-    def __init__(self, options: dict[str, str]) -> None:
-        self._files = ResultsStreamReader(options)
+    def __init__(self, options: dict[str, str], expected: pa.Schema = RESULT_SCHEMA) -> None:
+        self._files = ResultsStreamReader(options, expected)
+        self._maps = [i for i, f in enumerate(expected) if pa.types.is_map(f.type)]
 
     def initialOffset(self) -> dict:
         return self._files.initialOffset()
 
     def _rows(self, start: dict, end: dict) -> Iterator[tuple]:
-        names = READ_SCHEMA.names
-        attrs = names.index("attributes")
         for partition in self._files.partitions(start, end):
             for batch in self._files.read(partition):
                 for row in zip(*(c.to_pylist() for c in batch.columns)):
-                    row = list(row)
-                    row[attrs] = dict(row[attrs] or ())
+                    if self._maps:  # Arrow maps come as (key, value) pairs
+                        row = list(row)
+                        for i in self._maps:
+                            row[i] = dict(row[i] or ())
                     yield tuple(row)
 
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
@@ -337,16 +344,27 @@ class ResultsDataSource(DataSource):
             raise ValueError(f"sts_results option reader={reader!r}: simple or partitioned")
         return dict(self.options)
 
+    def _expected(self, schema: object) -> pa.Schema:
+        """The file schema to read: the results', or the one given with ``.schema()``
+        (then only the names and types are checked; the ack files)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from spark_ext.schemas import spark_schema
+
+        if schema is None or schema == spark_schema(RESULT_SCHEMA):
+            return RESULT_SCHEMA
+        return to_arrow_schema(schema)
+
     def streamReader(self, schema: object) -> DataSourceStreamReader:
         options = self._options()
         if options.get("reader", "simple") == "simple":
             # Spark then asks for simpleStreamReader.
             raise PySparkNotImplementedError(errorClass="NOT_IMPLEMENTED",
                                              messageParameters={"feature": "streamReader"})
-        return ResultsStreamReader(options)
+        return ResultsStreamReader(options, self._expected(schema))
 
     def simpleStreamReader(self, schema: object) -> SimpleDataSourceStreamReader:
-        return ResultsSimpleStreamReader(self._options())
+        return ResultsSimpleStreamReader(self._options(), self._expected(schema))
 
 
 def register_results_source(spark: object) -> None:

@@ -24,6 +24,7 @@ from pyspark.sql.types import StructType
 from spark_ext.config import SidecarEndpointConfig
 from spark_ext.exceptions import SidecarAuthError
 from spark_ext.schemas import spark_schema
+from spark_ext.submit.ack_channel import AckChannel
 from spark_ext.submit.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
 from spark_ext.tracing import SubmitSpans, driver_otel_env, task_tracing
 from spark_ext.worker_gc import freeze_loaded
@@ -66,7 +67,8 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                    attribute_columns: Sequence[str] = (),
                    extra_attributes: Mapping[str, str] | None = None,
                    otel_env: Mapping[str, str] | None = None, traceparent_column: str = "",
-                   submit_when: str | None = None) -> Iterator[pa.RecordBatch]:
+                   submit_when: str | None = None,
+                   ack_channel: AckChannel | None = None) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body: submit each batch, yield it with ack columns (no prompt).
 
     With ``submit_when`` (a boolean column) only the rows where it is true are
@@ -77,7 +79,9 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     as strings; the sidecar echoes them on the result row) and ``submit_ts``. Acks are
     matched to rows by ``request_id``, not by position. With tracing on (``otel_env``, the driver's
     ``OTEL_*`` variables, or the worker's own) each request also carries its
-    ``traceparent`` and the L1 spans are written (:mod:`spark_ext.tracing`)."""
+    ``traceparent`` and the L1 spans are written (:mod:`spark_ext.tracing`). With
+    ``ack_channel``, the task's ack rows are left there once all are submitted
+    (:mod:`spark_ext.submit.ack_channel`)."""
     from sidecar.client import SidecarClient
 
     freeze_loaded("submit")  # its imports: out of the per-task GC
@@ -85,17 +89,22 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
     tracing = task_tracing(otel_env or {})
     attributes = _Attributes(attribute_columns, extra_attributes or {})
+    acks: list[pa.RecordBatch] = []
     try:
         for batch in batches:
             if submit_when is not None:
                 chosen = pc.fill_null(batch.column(submit_when), False)
                 if (passed := batch.filter(pc.invert(chosen))).num_rows:
-                    yield _not_submitted(passed)
+                    acks.append(_not_submitted(passed))
+                    yield acks[-1]
                 batch = batch.filter(chosen)
             for start in range(0, batch.num_rows, config.max_batch):
                 spans = SubmitSpans(tracing, traceparent_column) if tracing is not None else None
-                yield _submit_chunk(client, endpoint, batch.slice(start, config.max_batch),
-                                    attributes, spans)
+                acks.append(_submit_chunk(client, endpoint, batch.slice(start, config.max_batch),
+                                          attributes, spans))
+                yield acks[-1]
+        if ack_channel is not None:
+            ack_channel.write(acks)
     finally:
         client.close()
         if tracing is not None:  # the task ends: its spans go out now (never waited for)
@@ -208,7 +217,8 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
                     attribute_columns: Sequence[str] = (),
                     extra_attributes: Mapping[str, str] | None = None, *,
                     traceparent_column: str | None = None,
-                    submit_when: str | None = None) -> DataFrame:
+                    submit_when: str | None = None,
+                    ack_channel: AckChannel | None = None) -> DataFrame:
     """Send every request row to the sidecar; return one ack row per request.
 
     The output keeps the input columns except ``prompt`` and adds ``accepted``,
@@ -218,7 +228,8 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     on, ``trace_id`` holds the W3C trace id and ``traceparent_column`` names the
     events' own trace context (README "Tracing"). With ``submit_when`` (a boolean
     column) only the rows where it is true are submitted; the others come out with
-    null ack columns (``accepted`` null means "not submitted").
+    null ack columns (``accepted`` null means "not submitted"). With ``ack_channel``
+    every task also leaves its ack rows there for the answers query.
 
     Usage::
 
@@ -229,7 +240,8 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     config = for_tasks(config)
     otel, parent = driver_otel_env(), traceparent_column or ""
     return requests.mapInArrow(
-        lambda it: submit_batches(it, config, columns, extra, otel, parent, submit_when),
+        lambda it: submit_batches(it, config, columns, extra, otel, parent, submit_when,
+                                  ack_channel),
         ack_schema(requests))
 
 

@@ -37,7 +37,7 @@ def _config(tmp: Path, endpoint: str, *, writer: str, ckpt: str = "ckpt",
         "sidecar": {"endpoint": endpoint, "results_dir": str(tmp / "results"), "timeout_s": 3.0},
         "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
         "output": {"out_dir": str(tmp / "tables"), "checkpoint_dir": str(tmp / ckpt),
-                   "writer": writer, "tables": tables or {}},
+                   "writer": writer, "tables": tables or {}, "records_interval_s": 0},
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
@@ -154,7 +154,61 @@ def test_the_table_safety_net_answers_what_a_killed_sidecar_never_sent(
             pipeline.stop()
     assert {(a["answer_source"], a["reason"]) for a in answers.values()} == {
         ("fallback", "no_result")}
-    assert pipeline.safety_net.lost == 3
+    assert pipeline.counts.no_result_fallbacks == 3
+
+
+@pytest.mark.parametrize("topic", [False, True], ids=["no-topic", "answers-topic"])
+@pytest.mark.parametrize("writer", ["deltalake", "spark"])
+def test_a_restarted_pipeline_answers_the_requests_whose_result_was_lost(
+        spark, tmp_path: Path, request, writer: str, topic: bool) -> None:
+    """Requests accepted, the pipeline stopped, the sidecar killed (their results never
+    come), the pipeline started again from its checkpoints: the ledger's state in the
+    answers query's checkpoint still watches them, and each gets its one fallback
+    (``no_result``) after deadline + grace, also with nothing else arriving (the clock
+    ticks). Before: with ``deltalake`` and no answers topic the restarted pipeline forgot
+    them (never answered); with ``spark`` and an answers topic it did not start."""
+    sections = {}
+    if topic:
+        from tests.process.test_kafka import _records
+
+        broker = request.getfixturevalue("kafka_broker")
+        answers_topic = f"answers-lost-{uuid.uuid4().hex[:8]}"
+        sections = {"answers": {"grace_ms": 1000, "topic": answers_topic},
+                    "kafka": {"bootstrap_servers": broker.bootstrap_servers}}
+    with _sidecar(tmp_path, "lost", "--set", "engine.simulated.step_base_ms=2000",
+                  "--set", "warmup.enabled=false") as sidecar:
+        config = _config(tmp_path, sidecar.target, writer=writer,
+                         tagging={"sla_ms": {"high": 8_000, "normal": 8_000, "low": 8_000},
+                                  "max_tokens": 64}, **sections)
+        first = StsPipeline(spark, config)
+        first.start()
+        try:
+            events = _write_events(tmp_path, "lost", 3)
+            wait_until(lambda: sidecar.client.stats().accepted >= 3, timeout_s=60,
+                       what="the requests accepted")
+            # their submit batch committed (not re-run after the restart) and their acks
+            # in the ledger: the restart finds them watched
+            wait_until(lambda: sum(p["numInputRows"] for p in first.queries[0].recentProgress)
+                       >= 3 and first.open_requests >= 3, timeout_s=60,
+                       what="the acks in the ledger")
+        finally:
+            first.stop()
+        sidecar.proc.send_signal(signal.SIGKILL)
+        sidecar.proc.wait()
+    again = StsPipeline(spark, config)
+    again.start()
+    try:
+        answers = _until(again, events, timeout_s=120)
+        again.process_all_available()
+        answers = _answers(again)
+    finally:
+        again.stop()
+    assert set(answers) == events
+    assert {(a["answer_source"], a["reason"]) for a in answers.values()} == {
+        ("fallback", "no_result")}
+    if topic:
+        records = _records(broker.bootstrap_servers, answers_topic, 3)
+        assert sorted(m.key().decode() for m in records) == sorted(events)
 
 
 @pytest.mark.parametrize("reset", ["checkpoints deleted", "offsets emptied"])

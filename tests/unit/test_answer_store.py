@@ -1,5 +1,5 @@
-"""Answers, the Delta answer store, the safety net and the results source's reader,
-in process on real Delta tables and real Parquet files (no Spark)."""
+"""Answers, the Delta answer store and the delta-rs writer's merge, and the results
+source's reader, in process on real Delta tables and real Parquet files (no Spark)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import pytest
 
 from sidecar.contract import RESULT_SCHEMA, result_file_name
 from spark_ext.l4.answer_store import AnswerStore
-from spark_ext.l4.answers import answers_from_refusals, answers_from_results, hour_of
+from spark_ext.l4.answers import answers_from_refusals, answers_from_results, build_answers
 from spark_ext.sources.result_files import ResultsStreamReader, conform, schema_problem
-from spark_ext.l4.safety_net import SafetyNet
 
 KEYS = ["event_id"]
 NOW = 1_800_000_000_000
@@ -38,9 +37,7 @@ def _results(*rows: dict) -> pa.Table:
 
 
 def _store(tmp_path: Path) -> AnswerStore:
-    store = AnswerStore(str(tmp_path / "tables"), key_columns=KEYS)
-    store.load_ledger(NOW)
-    return store
+    return AnswerStore(str(tmp_path / "tables"), key_columns=KEYS)
 
 
 def test_results_become_answers_with_their_keys() -> None:
@@ -76,22 +73,6 @@ def test_every_shed_reason_of_the_contract_is_a_shed_answer() -> None:
     assert {r["reason"]: r["status"] for r in rows} == dict.fromkeys(shed, "shed")
 
 
-def test_each_request_gets_one_answer_and_replays_append_nothing(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    rows = answers_from_results(_results(_result("a"), _result("b")), key_columns=KEYS,
-                                fallback_text="f")
-    assert store.record_answers(rows, app_id="q/answers", version=0, now_ms=NOW) == 2
-    # the same ids again (a repeated row, a replayed batch): nothing new
-    assert store.record_answers(rows, app_id="q/answers", version=1, now_ms=NOW) == 0
-    table = store.read("answers")
-    assert sorted(table.column("request_id").to_pylist()) == ["a", "b"]
-    assert set(table.column("enqueue_hour").to_pylist()) == {hour_of(NOW - 500)}
-    # a fresh store (a restart) rebuilds the ledger from the table
-    again = AnswerStore(str(tmp_path / "tables"), key_columns=KEYS)
-    assert again.load_ledger(NOW) == 2
-    assert again.record_answers(rows, app_id="q/answers", version=2, now_ms=NOW) == 0
-
-
 def test_append_is_idempotent_per_app_transaction(tmp_path: Path) -> None:
     store = _store(tmp_path)
     table = pa.table({"request_id": ["r1"], "enqueue_ts": [NOW]})
@@ -102,50 +83,37 @@ def test_append_is_idempotent_per_app_transaction(tmp_path: Path) -> None:
     assert store.read("requests").num_rows == 2
 
 
-def test_backfill_upgrades_only_fallbacks(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    first = answers_from_results(_results(_result("a", "timeout"), _result("b")),
-                                 key_columns=KEYS, fallback_text="f")
-    store.record_answers(first, app_id="q/answers", version=0, now_ms=NOW)
-    late = _results(_result("a", late=True, text="late but good"),
-                    _result("b", late=True, text="must not replace an llm answer"))
-    assert store.backfill(late, now_ms=NOW + 10) == 1
-    assert store.backfill(late, now_ms=NOW + 20) == 0  # idempotent
-    by_id = {r["request_id"]: r for r in store.read("answers").to_pylist()}
+def _writer(tmp_path: Path):
+    from spark_ext.config import OutputConfig
+    from spark_ext.l4.writers.deltalake import DeltalakeWriter
+
+    writer = DeltalakeWriter(OutputConfig(out_dir=str(tmp_path / "tables"), writer="deltalake"),
+                             tuple(KEYS))
+    writer.create_tables(None)
+    return writer
+
+
+def test_the_merge_upgrades_only_fallbacks_and_inserts_what_is_missing(tmp_path: Path) -> None:
+    """A backfill (or a candidate the ledger no longer remembers) is a MERGE: a model's
+    answer upgrades a fallback, never an answer of the model, and a request with no row
+    gets one; merging again changes nothing."""
+    writer = _writer(tmp_path)
+    first = build_answers(answers_from_results(_results(_result("a", "timeout"), _result("b")),
+                                               key_columns=KEYS, fallback_text="f"), KEYS, NOW)
+    writer.append("answers", first, app_id="q/answers", version=0)
+    late = build_answers(answers_from_results(
+        _results(_result("a", late=True, text="late but good"),
+                 _result("b", late=True, text="must not replace an llm answer"),
+                 _result("c", text="never answered before")),
+        key_columns=KEYS, fallback_text="f"), KEYS, NOW + 10)
+    assert writer.merge_answers("answers", late, backfill=True) == {"inserted": 1, "updated": 1}
+    assert writer.merge_answers("answers", late, backfill=True) == {"inserted": 0, "updated": 0}
+    by_id = {r["request_id"]: r for r in writer.read(None, "answers").to_pylist()}
     assert (by_id["a"]["answer_source"], by_id["a"]["answer"], by_id["a"]["status"]) == (
         "backfill", "late but good", "ok")
     assert by_id["a"]["fallback_text"] == "pool rule text" and by_id["a"]["backfilled_at"]
     assert (by_id["b"]["answer_source"], by_id["b"]["answer"]) == ("llm", "model says hi")
-
-
-def test_safety_net_answers_only_what_is_due_and_unanswered(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    net = SafetyNet(store, grace_ms=1000, fallback_text="sorry", app_id="net/answers")
-    base = {"trace_id": "t", "priority": "low", "enqueue_ts": NOW, "submit_ts": NOW}
-    net.watch([dict(base, request_id="lost", deadline_ts=NOW + 2000, event_id="1"),
-               dict(base, request_id="answered", deadline_ts=NOW + 2000, event_id="2"),
-               dict(base, request_id="later", deadline_ts=NOW + 60_000, event_id="3")])
-    store.record_answers(answers_from_results(_results(_result("answered")), key_columns=KEYS,
-                                              fallback_text="f"),
-                         app_id="q/answers", version=0, now_ms=NOW)
-    assert net.sweep(NOW + 2999) == 0  # not due before deadline + grace
-    assert net.sweep(NOW + 3000) == 1
-    assert net.watching == 1
-    lost = [r for r in store.read("answers").to_pylist() if r["request_id"] == "lost"]
-    assert [(r["answer"], r["status"], r["reason"], r["event_id"]) for r in lost] == [
-        ("sorry", "timeout", "no_result", "1")]
-
-
-def test_unanswered_requests_are_found_after_a_restart(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    store.append("requests", pa.table({
-        "request_id": ["p", "q", "r"], "accepted": [True, True, False],
-        "enqueue_ts": [NOW] * 3, "deadline_ts": [NOW + 1] * 3}),
-        app_id="s/requests", version=0)
-    store.record_answers(answers_from_results(_results(_result("q")), key_columns=KEYS,
-                                              fallback_text="f"),
-                         app_id="q/answers", version=0, now_ms=NOW)
-    assert [r["request_id"] for r in store.unanswered_requests(NOW)] == ["p"]
+    assert (by_id["c"]["answer_source"], len(by_id)) == ("llm", 3)
 
 
 def test_maintenance_compacts_partitions(tmp_path: Path) -> None:

@@ -201,7 +201,7 @@ def test_pipeline_job_config_mistakes(text: str | None, pattern: str, tmp_path: 
     (["bench", "--profile", "no-such", "--duration", "1"],
      r"^sts: no traffic profile 'no-such' .* \(sts bench\)$"),
     (["plan", "--profile", "no-such"], r"^sts: no traffic profile 'no-such' .* \(sts plan\)$"),
-    (["demo", "--rate", "fast"], r"^sts: argument --rate: invalid float value: 'fast' "
+    (["demo", "--rate", "fast"], r"^sts: argument --rate: not a number: 'fast' "
                                  r"\(sts demo\)$"),
 ])
 def test_harness_and_benchmark_command_mistakes(argv: list[str], pattern: str,
@@ -240,6 +240,9 @@ def test_a_spark_that_does_not_start_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr[-3000:]
     line = _one_line(done.stderr)
     assert line.startswith("sts: Spark did not start: ") and line.endswith("(sts demo)"), line
+    assert f"(log: {tmp_path / 'demo' / 'demo.log'})" in line  # the traceback is there
+    assert "Traceback" in (tmp_path / "demo" / "demo.log").read_text()
+    assert "INCOMPLETE" in done.stdout
 
 
 def test_uvloop_asked_for_but_missing_is_one_line(monkeypatch: pytest.MonkeyPatch,

@@ -1,0 +1,191 @@
+"""The answers query's input: everything that arrives for this pipeline's requests, as
+ledger candidates in buckets (:mod:`spark_ext.l4.ledger`).
+
+Three streams are one: the sidecar's **results**, the submit tasks' **acks**
+(:mod:`spark_ext.submit.ack_channel`) and the **clock** (:mod:`spark_ext.sources.clock`).
+On the ``files`` channel the results and acks are two landing folders read by the
+``sts_results`` source; on ``kafka`` one Kafka source reads the result topics and the
+acks topic, each record parsed by its topic in one pass. Every arrival becomes the
+candidates of :mod:`spark_ext.l4.candidates` (on the executors), with the micro-batch's
+time, then goes to bucket ``pmod(hash(request_id), buckets)``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField,
+                               StructType)
+
+from spark_ext.config import PipelineConfig
+from spark_ext.l2.fast_path import KB_ONLY_COLUMNS
+from spark_ext.l4.candidates import ACK, EVENTS, NOW, PAYLOAD, RESULT, arrival_candidates
+from spark_ext.l4.ledger import CLOCK, ledger_schema
+from spark_ext.schemas import spark_schema
+from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, DEAD_LETTER_META
+
+#: Request attribute naming the pipeline that submitted it (echoed on its result).
+PIPELINE_ATTRIBUTE = "sts.pipeline"
+#: Boolean column of the routed submit query: whether the row goes to the sidecar.
+SUBMIT_COLUMN = "_sts_submit"
+#: Buckets of the ledger (its state is one value per bucket): fixed, because a
+#: checkpoint's state is keyed by them.
+LEDGER_BUCKETS = 8
+
+#: The ``dead_letters`` table's columns, from an ack row of a dead letter.
+_DEAD_LETTER = {
+    "topic": "_kafka_topic", "partition": "_kafka_partition", "offset": "_kafka_offset",
+    "timestamp_ms": "_kafka_timestamp_ms", "key": "_kafka_key", "value": "_kafka_value",
+    "error": DEAD_LETTER_COLUMN,
+}
+
+
+def request_columns(ack_schema: StructType) -> list[str]:
+    """The ack columns the ``requests`` table keeps (not the routing flag, not L2's
+    answer texts, not a dead letter's raw record)."""
+    dropped = {SUBMIT_COLUMN, *KB_ONLY_COLUMNS, DEAD_LETTER_COLUMN, *DEAD_LETTER_META}
+    return [f.name for f in ack_schema.fields if f.name not in dropped]
+
+
+#: The ``dead_letters`` table's record.
+DEAD_LETTER_SCHEMA = StructType([
+    StructField("topic", StringType()), StructField("partition", IntegerType()),
+    StructField("offset", LongType()), StructField("timestamp_ms", LongType()),
+    StructField("key", BinaryType()), StructField("value", BinaryType()),
+    StructField("error", StringType()), StructField("dead_lettered_ts", LongType()),
+    StructField("enqueue_ts", LongType()),
+])
+
+
+def record_schemas(ack_schema: StructType, key_columns: tuple[str, ...]) -> dict:
+    """Table -> the Spark schema of its records (what the record JSON holds)."""
+    from sidecar.contract import RESULT_SCHEMA
+    from spark_ext.l4.candidates import review_schema
+
+    requests = StructType([StructField(c, ack_schema[c].dataType, True)
+                           for c in request_columns(ack_schema)])
+    return {"requests": requests, "results": spark_schema(RESULT_SCHEMA),
+            "dead_letters": DEAD_LETTER_SCHEMA,
+            "review_queue": spark_schema(review_schema(key_columns))}
+
+
+def _ack_payload(ack_schema: StructType) -> Column:
+    """An ack row's record JSON: its ``dead_letters`` row, else its ``requests`` row."""
+    request = F.to_json(F.struct(*[F.col(c) for c in request_columns(ack_schema)]))
+    if DEAD_LETTER_COLUMN not in ack_schema.fieldNames():
+        return request
+    now = F.unix_millis(F.current_timestamp())
+    dead = F.to_json(F.struct(*[F.col(src).alias(name) for name, src in _DEAD_LETTER.items()],
+                              now.alias("dead_lettered_ts"),
+                              F.coalesce(F.col("_kafka_timestamp_ms"), now).alias("enqueue_ts")))
+    return F.when(F.col(DEAD_LETTER_COLUMN).isNotNull(), dead).otherwise(request)
+
+
+def _events(ack_schema: StructType) -> Column:
+    """L1/L2's figures of an event (route, retrieval) as JSON, when routing ran."""
+    names = [c for c in ("route", "kb_ids", "kb_top_score") if c in ack_schema.fieldNames()]
+    if "route" not in names:
+        return F.lit(None).cast("string")
+    return F.to_json(F.struct(*[F.col(c) for c in names]))
+
+
+def _as_arrivals(df: DataFrame, kind: str, other: StructType, payload: Column,
+                 events: Column | None = None, *, exclude: tuple[str, ...] = ()) -> DataFrame:
+    """``df``'s rows as arrivals of ``kind`` (a struct of the row but ``exclude``), the
+    other kind null."""
+    row = F.struct(*[F.col(c) for c in df.columns if c not in exclude])
+    nothing = F.lit(None).cast(other)
+    cols = {RESULT: row if kind == RESULT else nothing, ACK: row if kind == ACK else nothing}
+    return df.select(cols[RESULT].alias(RESULT), cols[ACK].alias(ACK),
+                     payload.alias(PAYLOAD),
+                     (events if events is not None else F.lit(None).cast("string")).alias(EVENTS))
+
+
+def _mine(results: DataFrame, pipeline_id: str) -> DataFrame:
+    """Result rows of this pipeline's requests (other pipelines may share the channel);
+    rows that do not parse (``status`` null) are kept, to be counted."""
+    return results.where(F.col("status").isNull()
+                         | (F.col("attributes")[PIPELINE_ATTRIBUTE] == F.lit(pipeline_id)))
+
+
+def acks_dir(config: PipelineConfig, pipeline_id: str) -> str:
+    """The ``files`` channel's acks folder of this pipeline (``sidecar.acks_dir``, else
+    ``<results_dir>/acks/<pipeline id>``)."""
+    import os
+
+    return config.sidecar.acks_dir or os.path.join(config.sidecar.results_dir, "acks",
+                                                   pipeline_id)
+
+
+def arrivals(spark: SparkSession, config: PipelineConfig, *, pipeline_id: str,
+             ack_schema: StructType) -> DataFrame:
+    """Result and ack rows of this pipeline as one stream of arrivals."""
+    from sidecar.contract import RESULT_SCHEMA
+
+    result_schema = spark_schema(RESULT_SCHEMA)
+    if config.sidecar.result_channel == "kafka":
+        from spark_ext.sources.kafka import read_channel_topics
+
+        records = read_channel_topics(spark, config)
+        is_ack = F.col("_topic") == F.lit(config.sidecar.acks_topic)
+        results = records.where(~is_ack).select(
+            F.from_json(F.col("_value"), result_schema).alias("r"), "_key", "_value")
+        results = results.select(
+            *[F.coalesce(F.col("r.request_id"), F.col("_key")).alias(f.name)
+              if f.name == "request_id" else F.col(f"r.{f.name}") for f in result_schema],
+            F.col("_value"))
+        from spark_ext.submit.ack_channel import PIPELINE_FIELD
+
+        acks = records.where(is_ack & (F.get_json_object(F.col("_value"), f"$.{PIPELINE_FIELD}")
+                                       == F.lit(pipeline_id))).select(
+            F.from_json(F.col("_value"), ack_schema).alias("a")).select("a.*")
+        mine = _mine(results, pipeline_id)
+        result_arrivals = _as_arrivals(mine, RESULT, ack_schema, F.col("_value"),
+                                       exclude=("_value",))
+    else:
+        from spark_ext.sources.result_files import SOURCE_NAME, register_results_source
+
+        register_results_source(spark)
+        retention = str(config.maintenance.results_retention_s)
+        results = (spark.readStream.format(SOURCE_NAME)
+                   .option("path", config.sidecar.results_dir)
+                   .option("retentionSeconds", retention).load())
+        acks = (spark.readStream.format(SOURCE_NAME).schema(ack_schema)
+                .option("path", acks_dir(config, pipeline_id))
+                .option("retentionSeconds", retention).load())
+        mine = _mine(results, pipeline_id)
+        result_arrivals = _as_arrivals(mine, RESULT, ack_schema,
+                                       F.to_json(F.struct(*[F.col(c) for c in mine.columns])))
+    ack_arrivals = _as_arrivals(acks, ACK, result_schema, _ack_payload(ack_schema),
+                                _events(ack_schema))
+    return result_arrivals.unionByName(ack_arrivals)
+
+
+def ledger_input(arrivals_df: DataFrame, clock: DataFrame, config: PipelineConfig, *,
+                 hold_ms: int, rule_text: str, count_events: bool,
+                 submit_column: str | None) -> DataFrame:
+    """Candidates of the arrivals and the clock's ticks, each with its ``_bucket``."""
+    keys = tuple(config.tagging.key_columns)
+    schema = spark_schema(ledger_schema(keys))
+    answers = config.answers
+    options = dict(key_columns=keys, fallback_text=answers.fallback_text,
+                   grace_ms=answers.grace_ms, hold_ms=hold_ms)
+    fn = functools.partial(
+        arrival_candidates,
+        results=dict(options, validation=config.validation),
+        acks=dict(options, rule_text=rule_text, rollout_mode=config.rollout.mode,
+                  submit_column=submit_column, dead_letter_column=DEAD_LETTER_COLUMN,
+                  count_events=count_events))
+    timed = arrivals_df.withColumn(NOW, F.unix_millis(F.current_timestamp()))
+    candidates = timed.mapInArrow(fn, schema)
+    bucket = F.pmod(F.hash(F.coalesce(F.col("request_id"), F.col(PAYLOAD))),
+                    F.lit(LEDGER_BUCKETS)).cast("int")
+    candidates = candidates.withColumn("_bucket", bucket)
+    ticks = clock.select(*[
+        (F.col("bucket").cast("int") if f.name == "_bucket"
+         else F.lit(CLOCK) if f.name == "_kind"
+         else F.unix_millis(F.current_timestamp()) if f.name == NOW
+         else F.lit(None).cast(f.dataType)).alias(f.name) for f in schema.fields])
+    return candidates.unionByName(ticks)

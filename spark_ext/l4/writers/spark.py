@@ -1,0 +1,293 @@
+"""Delta on Spark (``output.writer: spark``): the executors write the tables, the driver
+only coordinates, and nothing here keeps state between micro-batches, so the
+``foreachBatch`` function that uses it runs on Spark Connect too (in the server's Python
+process).
+
+- **Appends are idempotent by Delta's own transaction ids** (``txnAppId`` = the query's
+  run id and table, ``txnVersion`` = the batch id; PySpark's ``foreachBatch`` recipe):
+  a re-run micro-batch is skipped by Delta. The answers' common case is such a blind
+  append; nothing reads the table for it.
+- **A MERGE only for the rare backfill** (and for a request the ledger no longer
+  remembers): pruned to the rows' ``enqueue_hour`` partitions and ``enqueue_ts`` range
+  (appends are written in time order, so Delta's file statistics skip every older
+  file), so its cost does not grow with the table.
+- **Tables by path or by catalog name** (``output.tables``), created with the documented
+  columns, partitioned by ``enqueue_hour``, deletion vectors off (``deltalake`` cannot
+  read them) and the change data feed on for ``answers`` (the answers topic reads it)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+from pyspark.sql.window import Window
+
+from spark_ext.l4.answers import PARTITION, answer_schema
+from spark_ext.l4.ledger import RECORD, SHADOW_ANSWERS, STATS
+from spark_ext.l4.writers.base import BatchFrames, TableWriter
+from spark_ext.schemas import spark_schema
+
+logger = logging.getLogger(__name__)
+
+#: Table properties of every table the writer creates.
+TABLE_PROPERTIES = {"delta.enableDeletionVectors": "false"}
+#: ... and of the ``answers`` and ``shadow_answers`` tables besides.
+ANSWER_TABLE_PROPERTIES = {**TABLE_PROPERTIES, "delta.enableChangeDataFeed": "true"}
+
+
+def hour_column(epoch_ms: str = "enqueue_ts") -> Column:
+    """The UTC hour of an epoch-ms column, ``YYYY-MM-DDTHH`` (the tables' partition),
+    whatever the session's time zone (:func:`spark_ext.l4.answers.hour_of` in Spark)."""
+    utc = F.to_utc_timestamp(F.timestamp_millis(F.col(epoch_ms)), F.current_timezone())
+    return F.date_format(utc, "yyyy-MM-dd'T'HH")
+
+
+def _sql_literal(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class SparkWriter(TableWriter):
+    """Delta on Spark. Holds configuration only (it travels to Spark Connect's server
+    with the ``foreachBatch`` function); the session comes with each DataFrame.
+
+    Args:
+        output: The ``output`` section (``out_dir``, ``tables``).
+        key_columns: The event's key columns (kept in ``answers`` as strings).
+    """
+
+    name = "spark"
+    runs_on_connect = True
+    records_interval_s = 10.0
+
+    @classmethod
+    def available(cls, spark: SparkSession) -> bool:
+        return delta_on_spark(spark)
+
+    # ------------------------------------------------------------------ names
+
+    def location(self, name: str) -> str:
+        """The table's catalog name, or its path under ``out_dir``."""
+        return self.output.tables.get(name) or self.output.table(name)
+
+    def by_name(self, name: str) -> bool:
+        return name in self.output.tables
+
+    def ref(self, name: str) -> str:
+        """The table in SQL: its name, or ``delta.`<path>```."""
+        if self.by_name(name):
+            return self.output.tables[name]
+        return "delta.`" + self.output.table(name).replace("`", "``") + "`"
+
+    # ------------------------------------------------------------------ tables
+
+    def exists(self, spark: SparkSession, name: str) -> bool:
+        try:
+            spark.sql(f"DESCRIBE DETAIL {self.ref(name)}").collect()
+        except Exception:  # noqa: BLE001 - no table there (yet)
+            return False
+        return True
+
+    def create_tables(self, spark: SparkSession) -> None:
+        """``answers`` and ``shadow_answers`` with their columns, partitioning and
+        properties, unless they exist (a table of another shape at that place is left
+        alone and the first write then says what is wrong)."""
+        fields = spark_schema(answer_schema(self.key_columns)).fields
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in fields)
+        for name, extra in (("answers", ""), (SHADOW_ANSWERS, ", `model_text` string")):
+            props = ", ".join(f"'{k}' = '{v}'" for k, v in ANSWER_TABLE_PROPERTIES.items())
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {self.ref(name)} ({columns}{extra}) "
+                      f"USING delta PARTITIONED BY (`{PARTITION}`) TBLPROPERTIES ({props})")
+
+    def table(self, spark: SparkSession, name: str) -> DataFrame:
+        if self.by_name(name):
+            return spark.read.table(self.output.tables[name])
+        return spark.read.format("delta").load(self.output.table(name))
+
+    def read(self, spark: SparkSession, name: str, columns: list[str] | None = None
+             ) -> pa.Table:
+        """Table ``name`` as Arrow (``columns`` only, when given; empty when it does not
+        exist yet)."""
+        if not self.exists(spark, name):
+            return pa.table({})
+        df = self.table(spark, name)
+        if columns is not None:
+            df = df.select(*[c for c in columns if c in df.columns])
+        return df.toArrow()
+
+    def version(self, spark: SparkSession, name: str) -> int:
+        return int(spark.sql(f"DESCRIBE HISTORY {self.ref(name)} LIMIT 1")
+                   .collect()[0]["version"])
+
+    # ------------------------------------------------------------------ writes
+
+    def frames(self, batch: DataFrame) -> "SparkFrames":
+        return SparkFrames(batch, self.key_columns)
+
+    def count(self, frame: DataFrame) -> int:
+        return frame.count()
+
+    def append(self, name: str, frame: DataFrame, *, app_id: str, version: int) -> None:
+        """Append ``frame`` to table ``name`` once per ``(app_id, version)`` (Delta skips a
+        version it has committed for that app id). New columns are added to the table."""
+        writer = (frame.write.format("delta").mode("append")
+                  .option("txnAppId", app_id).option("txnVersion", str(version))
+                  .option("mergeSchema", "true").partitionBy(PARTITION))
+        for key, value in TABLE_PROPERTIES.items():  # used when the append creates it
+            writer = writer.option(key, value)
+        target = self.output.tables.get(name)
+        self._retry(lambda: writer.saveAsTable(target) if target
+                    else writer.save(self.output.table(name)), name)
+
+    def merge_answers(self, name: str, frame: DataFrame, *, backfill: bool) -> dict[str, int]:
+        """Merge answer rows into ``name`` (``answers`` or ``shadow_answers``): insert
+        requests that have no row; with ``backfill``, a model's answer (``llm`` or
+        ``backfill``) for a request answered with the fallback upgrades it to
+        ``backfill``. Several rows for one request become one: the model's answer, as
+        a backfill when a fallback came with it."""
+        spark = frame.sparkSession
+        bounds = frame.agg(F.collect_set(PARTITION).alias("hours"),
+                           F.min("enqueue_ts").alias("first"),
+                           F.max("enqueue_ts").alias("last")).collect()[0]
+        if not bounds["hours"]:
+            return {"inserted": 0, "updated": 0}
+        source = _one_row_per_request(frame)
+        view = f"sts_merge_{uuid.uuid4().hex}"
+        source.createOrReplaceTempView(view)
+        hours = ", ".join(_sql_literal(h) for h in sorted(bounds["hours"]))
+        on = [f"t.`{PARTITION}` IN ({hours})", f"t.`{PARTITION}` = s.`{PARTITION}`",
+              "t.request_id = s.request_id"]
+        if bounds["first"] is not None:  # file statistics skip everything older or newer
+            on[1:1] = [f"t.enqueue_ts >= {int(bounds['first'])}",
+                       f"t.enqueue_ts <= {int(bounds['last'])}"]
+        update = ("WHEN MATCHED AND t.answer_source = 'fallback' AND s.answer_source IN "
+                  "('llm', 'backfill') THEN UPDATE SET answer = s.answer, "
+                  "answer_source = 'backfill', status = 'ok', "
+                  "finish_ts = s.finish_ts, received_ts = s.received_ts, "
+                  "backfilled_at = coalesce(s.backfilled_at, s.answered_ts) "
+                  ) if backfill else ""
+        statement = (f"MERGE INTO {self.ref(name)} t USING {view} s ON {' AND '.join(on)} "
+                     f"{update}WHEN NOT MATCHED THEN INSERT *")
+        try:
+            metrics = self._retry(lambda: spark.sql(statement).collect(), name)
+        finally:
+            spark.catalog.dropTempView(view)
+        row = metrics[0].asDict() if metrics else {}
+        return {"inserted": int(row.get("num_inserted_rows") or 0),
+                "updated": int(row.get("num_updated_rows") or 0)}
+
+    def _retry(self, run, table: str):
+        """``run()``, tried again (with a short random backoff) while it fails on a
+        Delta write conflict (another writer committed to what it read: maintenance,
+        or a second pipeline on the same tables); counted in ``conflicts_retried``."""
+        import random
+        import time
+
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                return run()
+            except Exception as e:  # noqa: BLE001 - only conflicts are retried
+                if attempt == WRITE_ATTEMPTS or not any(c in str(e) for c in _CONFLICTS):
+                    raise
+                self.conflicts_retried += 1
+                logger.info("Write to %s met a concurrent commit (attempt %d); trying again.",
+                            table, attempt)
+                time.sleep(random.uniform(0.05, 0.2) * attempt)
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ upkeep
+
+    def maintain(self, spark: SparkSession, names: tuple[str, ...], hours: list[str], *,
+                 vacuum_retention_hours: int) -> None:
+        """Compact ``hours`` of each table (``OPTIMIZE ... WHERE``) and vacuum files
+        older than the retention."""
+        in_hours = ", ".join(_sql_literal(h) for h in hours)
+        for name in names:
+            if not self.exists(spark, name):
+                continue
+            self._retry(lambda: spark.sql(f"OPTIMIZE {self.ref(name)} WHERE `{PARTITION}` "
+                                          f"IN ({in_hours})").collect(), name)
+            spark.sql(f"VACUUM {self.ref(name)} RETAIN {int(vacuum_retention_hours)} HOURS"
+                      ).collect()
+
+
+#: Delta's optimistic-concurrency conflicts: another writer committed to what this
+#: write read.
+_CONFLICTS = ("DELTA_CONCURRENT", "ConcurrentAppendException", "ConcurrentDeleteReadException",
+              "ConcurrentWriteException", "ConcurrentTransactionException")
+#: How often a conflicting write is tried (every write here is idempotent).
+WRITE_ATTEMPTS = 8
+
+
+def _one_row_per_request(answers: DataFrame) -> DataFrame:
+    """One row per ``request_id``: the model's answer when there is one (``backfill``
+    when a fallback row came with it), else the first fallback."""
+    by_id = Window.partitionBy("request_id")
+    is_llm = F.col("answer_source").isin("llm", "backfill").cast("int")
+    ranked = (answers
+              .withColumn("_fallback_too", F.max((F.col("answer_source") == "fallback")
+                                                 .cast("int")).over(by_id))
+              .withColumn("_rank", F.row_number().over(
+                  by_id.orderBy(is_llm.desc(), F.col("answered_ts").asc_nulls_last()))))
+    first = ranked.where(F.col("_rank") == 1)
+    upgraded = (F.col("answer_source") == "llm") & (F.col("_fallback_too") == 1)
+    return (first
+            .withColumn("backfilled_at", F.when(upgraded, F.col("answered_ts"))
+                        .otherwise(F.col("backfilled_at")))
+            .withColumn("answer_source", F.when(upgraded, F.lit("backfill"))
+                        .otherwise(F.col("answer_source")))
+            .drop("_fallback_too", "_rank"))
+
+
+class SparkFrames(BatchFrames):
+    """The ledger's output as DataFrames over one cached copy (computed once)."""
+
+    def __init__(self, batch: DataFrame, key_columns: tuple[str, ...]) -> None:
+        self.batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        self.columns = answer_schema(key_columns).names
+
+    def answers(self, table: str, kind: str) -> DataFrame:
+        extra = ["model_text"] if table == SHADOW_ANSWERS else []
+        return (self.batch.where((F.col("_kind") == kind) & (F.col("_table") == table))
+                .select(*self.columns, *extra))
+
+    def records(self, table: str, schema: StructType) -> DataFrame:
+        rows = (self.batch.where((F.col("_kind") == RECORD) & (F.col("_table") == table))
+                .select(F.from_json("_payload", schema).alias("r")).select("r.*"))
+        return rows.withColumn(PARTITION, hour_column())
+
+    def summary(self) -> list[dict]:
+        counts = (self.batch.where(F.col("_kind") != STATS)
+                  .groupBy("_kind", "_table", "answer_source", "status", "reason")
+                  .agg(F.count(F.lit(1)).alias("n")))
+        payloads = (self.batch.where((F.col("_kind") == STATS)
+                                     | F.col("_table").startswith("_"))
+                    .groupBy("_kind", "_table")
+                    .agg(F.collect_list("_payload").alias("payloads")))
+        rows = [r.asDict() for r in counts.collect()]
+        return rows + [r.asDict() for r in payloads.collect()]
+
+    def release(self) -> None:
+        self.batch.unpersist()
+
+
+def delta_on_spark(spark: SparkSession) -> bool:
+    """Whether Delta's classes load in ``spark``: on Databricks (classic or serverless),
+    on Spark Connect (whose server decides; Connect runs the ``spark`` writer only), or
+    in a session with delta-spark's SQL extension or catalog."""
+    import os
+
+    from pyspark.sql.utils import is_remote
+
+    if os.environ.get("DATABRICKS_RUNTIME_VERSION") or is_remote():
+        return True
+    try:
+        extensions = spark.conf.get("spark.sql.extensions", "") or ""
+        catalog = spark.conf.get("spark.sql.catalog.spark_catalog", "") or ""
+    except Exception:  # noqa: BLE001 - a conf that cannot be read is not Delta's
+        return False
+    return "DeltaSparkSessionExtension" in extensions or "DeltaCatalog" in catalog
