@@ -64,6 +64,8 @@ class BenchOptions:
     """Extra ``sts sidecar`` flags (e.g. ``--set engine.simulated.replicas=8``)."""
 
     seed: int = 0
+    writer: str = "auto"
+    """``output.writer`` of the Spark schemes (``auto``: Delta on Spark here, as a user gets)."""
     kafka_bootstrap: str | None = None
     """``sts-kafka``: the brokers to use; ``None``: a local broker the bench starts in
     ``<out>/work/kafka`` (labelled ``local`` in the results)."""
@@ -207,7 +209,7 @@ def run_bench(opts: BenchOptions) -> dict:
             spark = stack.enter_context(session_scope("sts-bench"))
         ctx = RunContext(client=sidecar.client, results_dir=work / "results", work_dir=work,
                          profile=profile, duration_s=opts.duration_s, trigger_s=opts.trigger_s,
-                         spark=spark, kafka=kafka)
+                         spark=spark, kafka=kafka, writer=opts.writer)
         print(HEADER, flush=True)
         for i, rate in enumerate(rates):
             requests = generate(profile.with_rate(rate), opts.duration_s, seed=opts.seed + i)
@@ -271,7 +273,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         duration_s=args.duration, schemes=[s for s in args.schemes.split(",") if s],
         trigger_s=args.trigger, out=args.out, knee=args.knee,
         sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed,
-        kafka_bootstrap=args.kafka_bootstrap)
+        kafka_bootstrap=args.kafka_bootstrap, writer=args.writer)
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
         raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")

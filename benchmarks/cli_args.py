@@ -35,6 +35,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra `sts sidecar` argument (repeat), e.g. --sidecar-arg=--set "
                         "--sidecar-arg=engine.simulated.replicas=8")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--writer", choices=["auto", "spark", "deltalake"], default="auto",
+                   help="output.writer of the Spark schemes (auto: Delta on Spark where its "
+                        "classes load, as a user gets)")
     p.add_argument("--kafka-bootstrap", metavar="HOST:PORT[,...]",
                    help="sts-kafka: the Kafka cluster to use (default: a local broker the "
                         "bench starts, labelled local)")

@@ -82,6 +82,8 @@ class RunContext:
     duration_s: float
     trigger_s: float
     spark: object | None = None
+    writer: str = "auto"
+    """``output.writer`` of the Spark schemes."""
     kafka: KafkaPath | None = None
     """Set when the ``sts-kafka`` scheme runs."""
 
@@ -259,9 +261,7 @@ def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None
         "output": {"out_dir": str(run_dir / "tables"),
                    "checkpoint_dir": str(run_dir / "checkpoints"),
                    "triggers": {"submit": ctx.trigger_s, "answers": ctx.trigger_s},
-                   # the driver-side writer: on a 2-core machine Delta on Spark's MERGE
-                   # per micro-batch would dominate what the bench compares
-                   "writer": "deltalake"},
+                   "writer": ctx.writer},
     })
 
 
@@ -338,6 +338,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     result = summarize(scheme, rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
                        durations)
     result["hops_ms"] = hop_latencies(rows)
+    result["writer"] = pipeline.writer
     if topic is not None:
         assert ctx.kafka is not None
         since = replayer.start_ms - 1000

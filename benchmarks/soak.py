@@ -148,6 +148,14 @@ def answer_lag(table: str, since_ms: int) -> dict:
         "submit_p50": to_submit["p50"]}
 
 
+def _age_ms(timestamp: str) -> float:
+    """How long ago a query progress's ISO timestamp was (ms)."""
+    import datetime
+
+    at = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return (datetime.datetime.now(datetime.timezone.utc) - at).total_seconds() * 1000
+
+
 class SoakSampler(threading.Thread):
     """Every ``every_s``: RSS and open files of this process (the driver), of its JVM,
     of the sidecar and of the demo's Kafka broker (when there is one); sizes and file
@@ -162,6 +170,8 @@ class SoakSampler(threading.Thread):
         self.rows: list[dict] = []
         self.start_s = time.monotonic()
         self._halt = threading.Event()
+        self.pipeline = None
+        """The demo's pipeline once it started (its queries' progress, its counters)."""
 
     def _child(self, marker: str):
         """The first child process (at any depth) whose command line holds ``marker``."""
@@ -195,6 +205,27 @@ class SoakSampler(threading.Thread):
                     "tables_live": {"files": None, "mb": None}}
         return json.loads(done.stdout)
 
+    def _pipeline_facts(self) -> dict:
+        """The answers micro-batch's duration (P50 of the last minute's batches with
+        input), where the last one's time went (ledger, each table's write), the Kafka
+        lag, the write conflicts retried and the requests still waiting."""
+        import statistics
+
+        p = self.pipeline
+        if p is None:
+            return {"answers_batch_ms_p50": None, "answers_write_ms": {}, "kafka_lag": None,
+                    "conflicts_retried": None, "open_requests": None}
+        since = self.every_s * 1000
+        recent = [x for q in p.queries if q.name == "sts-answers" for x in q.recentProgress
+                  if x["numInputRows"] and _age_ms(x["timestamp"]) <= since]
+        durations = [x["durationMs"].get("triggerExecution", 0) for x in recent]
+        lag = p.kafka_lag()
+        return {"answers_batch_ms_p50": statistics.median(durations) if durations else None,
+                "answers_write_ms": dict(p.counts.last_batch_ms),
+                "kafka_lag": sum(sum(v.values()) for v in lag.values()) if lag else 0,
+                "conflicts_retried": p.counts.conflicts_retried,
+                "open_requests": p.open_requests}
+
     def sample(self) -> dict:
         now = now_ms()
         tables = self.out / "tables"
@@ -215,7 +246,8 @@ class SoakSampler(threading.Thread):
                "table_log_files": _files_named(tables, "_delta_log/*"),
                "checkpoints_mb": _folder_mb(self.out / "checkpoints"),
                "checkpoint_files": _files(self.out / "checkpoints"),
-               **self._table_facts(now - int(self.every_s * 1000))}
+               **self._table_facts(now - int(self.every_s * 1000)),
+               **self._pipeline_facts()}
         self.rows.append(row)
         print("soak " + json.dumps(row), flush=True)
         return row
@@ -277,6 +309,12 @@ def plot(rows: list[dict], path: Path) -> Path:
                                            "p99": ("lag_ms", "p99"),
                                            "to submit p50": ("lag_ms", "submit_p50")})),
     ]
+    if any(r.get("answers_batch_ms_p50") is not None for r in rows):  # runs since the ledger
+        panels.append(("answers batch (ms)", _series(rows, {
+            "P50": ("answers_batch_ms_p50",), "answers write": ("answers_write_ms", "answers"),
+            "ledger": ("answers_write_ms", "ledger")})))
+        panels.append(("backlog", _series(rows, {"kafka lag (records)": ("kafka_lag",),
+                                                 "open requests": ("open_requests",)})))
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.4 * len(panels)), sharex=True)
     for ax, (title, series) in zip(axes, panels):
         for label, values in series.items():
@@ -319,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=float, default=60.0, help="seconds between samples")
     p.add_argument("--source", choices=("files", "kafka"), default="files",
                    help="where events and results travel (the demo's --source)")
+    p.add_argument("--writer", choices=("deltalake", "spark", "auto"), default=None,
+                   help="output.writer (default: the demo's)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--replot", action="store_true",
                    help="redraw --out's soak.json (filling in the live tables) and exit")
@@ -330,12 +370,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     demo_out = args.out / "work"  # the demo's own folders (git-ignored)
-    opts = DemoOptions(rate=args.rate, duration=args.minutes * 60, out=str(demo_out),
-                       engine=args.engine, source=args.source, overwrite=True)
     sampler = SoakSampler(demo_out.resolve(), every_s=args.every)
+    opts = DemoOptions(rate=args.rate, duration=args.minutes * 60, out=str(demo_out),
+                       engine=args.engine, source=args.source, overwrite=True,
+                       on_start=lambda pipeline: setattr(sampler, "pipeline", pipeline),
+                       **({"writer": args.writer} if args.writer else {}))
     doc = {"machine": machine_info(), "reference_cpu_ms_before": reference_cpu_ms(),
            "minutes": args.minutes, "engine": args.engine, "rate": args.rate,
-           "source": args.source, "start_ms": now_ms()}
+           "source": args.source, "writer": opts.writer, "start_ms": now_ms()}
     sampler.start()
     try:
         summary = run_demo(opts)

@@ -367,12 +367,8 @@ class AnswersConfig:
     """Rule fallback answer when the sidecar sent none (unreachable, no result)."""
 
     ledger_horizon_s: float = 3600.0
-    """How long answered ids are remembered to keep one answer per request and to
-    backfill late results; also how far back a restart looks for unanswered requests."""
-
-    safety_net_interval_s: float = 0.5
-    """How often the safety net looks for requests past ``deadline + grace`` (with the
-    ``spark`` writer each look is a Spark query: at least every 2 s)."""
+    """How far back a new checkpoint of the answers query reads the ``kafka`` channel
+    (older results and acks cannot be for a request still waiting)."""
 
     topic: str | None = None
     """Publish every answer row (new answers and backfills) to this Kafka topic for
@@ -383,9 +379,8 @@ class AnswersConfig:
     def __post_init__(self) -> None:
         if self.grace_ms < 0:
             raise PipelineConfigError(f"{self.grace_ms=} must be >= 0")
-        if self.ledger_horizon_s <= 0 or self.safety_net_interval_s <= 0:
-            raise PipelineConfigError(
-                f"{self.ledger_horizon_s=} and {self.safety_net_interval_s=} must be > 0")
+        if self.ledger_horizon_s <= 0:
+            raise PipelineConfigError(f"{self.ledger_horizon_s=} must be > 0")
 
 
 EmbeddingDevice = Literal["auto", "cpu", "cuda"]

@@ -167,6 +167,22 @@ def quiet_py4j() -> None:
     py4j = logging.getLogger("py4j")
     if py4j.level == logging.NOTSET:
         py4j.setLevel(logging.WARNING)
+    proxy = logging.getLogger("py4j.clientserver")
+    if not any(isinstance(f, _StoppedQueryNoise) for f in proxy.filters):
+        proxy.addFilter(_StoppedQueryNoise())
+
+
+class _StoppedQueryNoise(logging.Filter):
+    """Drop py4j's ERROR with traceback for a ``foreachBatch`` call that a query's stop
+    interrupted (the JVM cancels the batch's jobs): expected at every stop, never news."""
+
+    _MARKS = ("InterruptedException", "SPARK_JOB_CANCELLED", "was stopped")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            text = str(record.exc_info[1])
+            return not any(mark in text for mark in self._MARKS)
+        return True
 
 
 @contextlib.contextmanager

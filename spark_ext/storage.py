@@ -59,4 +59,24 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
         .text(uri)
 
 
-__all__ = ["exists", "has_files", "read_text", "write_text"]
+def unreachable(spark: SparkSession, uri: str) -> str | None:
+    """Why this Spark cannot use ``uri`` at all (no file system for its scheme), in one
+    line; ``None`` when it can (a missing path is fine: it is created when written).
+
+    Example:
+        >>> unreachable(None, "/tmp/sts") is None   # local paths need no file system
+        True
+    """
+    if is_local_uri(uri):
+        return None
+    try:
+        spark.read.format("binaryFile").load(uri).select("path").limit(1).collect()
+    except Exception as e:  # noqa: BLE001 - most errors are a path not there yet
+        text = str(e)
+        if "No FileSystem for scheme" in text or "UnsupportedFileSystemException" in text:
+            scheme = uri.partition(":")[0]
+            return f'this Spark has no file system for "{scheme}://"'
+    return None
+
+
+__all__ = ["exists", "has_files", "read_text", "unreachable", "write_text"]

@@ -86,6 +86,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     events.add_argument("--duration", type=float, default=60.0, help="seconds of replay")
     events.set_defaults(func=_run_events)
 
+    connect = sub.add_parser(
+        "connect-server", help="a local Spark Connect server with the jars and settings the "
+                               "pipeline needs (what Databricks serverless runs); Ctrl-C stops it")
+    connect.add_argument("--port", type=positive(int), default=15002,
+                         help="its gRPC port on 127.0.0.1 (SPARK_REMOTE=sc://127.0.0.1:PORT)")
+    connect.add_argument("--work-dir", default="./sts-connect",
+                         help="its log, warehouse and metastore")
+    connect.add_argument("--with-s3", action="store_true",
+                         help="also hadoop-aws, for s3a:// tables and checkpoints")
+    connect.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                         help="a Spark setting of the server (e.g. spark.hadoop.fs.s3a.endpoint=...)")
+    connect.set_defaults(func=_run_connect_server)
+
 
 def positive(kind: type) -> "Callable[[str], float]":
     """An argparse ``type`` that takes numbers above zero only; argparse names the flag
@@ -134,6 +147,49 @@ def _run_events(args: argparse.Namespace) -> int:
         replayer.stop()
         replayer.join()
         print(f"sts events: stopped after {replayer.offered}", flush=True)
+    return 0
+
+
+def _run_connect_server(args: argparse.Namespace) -> int:
+    """Start the server, print how to reach it, keep it up until Ctrl-C."""
+    import signal
+    import time
+    from pathlib import Path
+
+    from spark_ext.jvm_packages import session_conf
+    from sts_harness.connect_server import ConnectServerError, SparkConnectServer
+
+    conf = session_conf(["kafka", "delta", *(["s3"] if args.with_s3 else [])])
+    for item in args.conf:
+        key, eq, value = item.partition("=")
+        if not eq:
+            return _fail(f"--conf {item!r} must be KEY=VALUE", "connect-server", 2)
+        conf[key] = value
+    work = Path(args.work_dir).expanduser().resolve()
+    print(f"Starting a Spark Connect server on 127.0.0.1:{args.port} (Delta, Kafka"
+          f"{', hadoop-aws' if args.with_s3 else ''}); log: {work / 'connect-server.log'} "
+          "(the first start resolves the jars, up to a minute) ...", flush=True)
+    server = SparkConnectServer(work, conf=conf, port=args.port)
+    try:
+        server.start()
+    except ConnectServerError as e:
+        return _fail(e, "connect-server", 1)
+    print(f"Serving. In another shell:\n  export SPARK_REMOTE={server.remote}\n"
+          "  sts demo --writer spark          # or your notebook, or StsPipeline(...)\n"
+          "Ctrl-C stops the server.", flush=True)
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    try:
+        while not stop["now"]:
+            if server.proc is not None and server.proc.poll() is not None:
+                return _fail(f"the server exited with code {server.proc.returncode}; log: "
+                             f"{server.log_path}", "connect-server", 1)
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print("Spark Connect server stopped.", flush=True)
     return 0
 
 

@@ -1,5 +1,5 @@
-"""A real local Spark Connect server for the tests: pip PySpark's own server, in its own
-JVM, on a free loopback port.
+"""A real local Spark Connect server for the tests and for ``sts connect-server``: pip
+PySpark's own server, in its own JVM, on a loopback port.
 
 pip PySpark 4.2.0 ships the server (``jars/spark-connect_2.13-4.2.0.jar``) but not
 ``sbin/start-connect-server.sh``; that script only runs ``spark-submit --class

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -106,6 +107,9 @@ class DemoOptions:
     """The pipeline's ``output.writer``. The demo's default is the driver-side delta-rs
     writer: on the demo's one Spark core, Delta on Spark's MERGE per micro-batch takes
     seconds, which the demo's 8 s SLA cannot absorb (``spark`` shows it)."""
+
+    on_start: Callable[[object], None] | None = None
+    """Called with the pipeline once it started (the soak samples it)."""
 
     def __post_init__(self) -> None:
         if self.source not in DEMO_SOURCES:
@@ -411,6 +415,8 @@ def run_demo(opts: DemoOptions) -> dict:
                        expect=("MiniLM and Milvus load in the Spark workers, the plans are "
                                "compiled, 30-90 s") if opts.l1l2 else "15-30 s"):
             pipeline.start()
+        if opts.on_start is not None:
+            opts.on_start(pipeline)
         start = time.monotonic()
         replayer.start()
         failure = _run_until_answered(opts, out, sidecar, pipeline, replayer, start)

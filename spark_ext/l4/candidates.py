@@ -175,11 +175,11 @@ def ack_candidates(batches: Iterator[pa.RecordBatch], *, key_columns: tuple[str,
                     for p in table.column(EVENTS).to_pylist()]
         submitted = (pc.fill_null(table.column(submit_column), False)
                      if submit_column and submit_column in table.column_names
-                     else pa.array([True] * table.num_rows))
+                     else pa.array([True] * table.num_rows, pa.bool_()))
         sent = table.filter(submitted)
         out += _records(sent, "requests", now, keep_ms=grace_ms + hold_ms)
         shadow = (pc.fill_null(pc.equal(sent.column(ARM_COLUMN), "shadow"), False)
-                  if ARM_COLUMN in sent.column_names else pa.array([False] * sent.num_rows))
+                  if ARM_COLUMN in sent.column_names else pa.array([False] * sent.num_rows, pa.bool_()))
         served, shadowed = sent.filter(pc.invert(shadow)), sent.filter(shadow)
         out += _offers(answers_from_refusals(served, key_columns=keys,
                                              fallback_text=fallback_text),

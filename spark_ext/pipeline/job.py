@@ -144,14 +144,14 @@ def _run(pipeline, args, failed: type[Exception]) -> int:
         while True:
             pipeline.check()
             now = time.monotonic()
-            rows = pipeline.submitted
+            rows = pipeline.events_read()
             if rows > seen_rows:
                 seen_rows, last_event = rows, now
             pending = pipeline.open_requests
             if args.progress and now - last_print >= args.progress:
                 last_print = now
                 stats = pipeline.store.stats
-                print(f"[{now - started:6.1f}s] submitted {rows}, answers "
+                print(f"[{now - started:6.1f}s] events {rows}, answers "
                       f"{stats.answers_written} {dict(stats.by_source)}, waiting {pending}",
                       flush=True)
             if args.timeout is not None and now - started >= args.timeout:
@@ -171,7 +171,7 @@ def _run(pipeline, args, failed: type[Exception]) -> int:
     finally:
         pipeline.stop()
     stats = pipeline.store.stats
-    print(f"sts job: {reason}; submitted {pipeline.submitted}, answers "
+    print(f"sts job: {reason}; events {pipeline.events_read()}, answers "
           f"{stats.answers_written} {dict(stats.by_source)}", flush=True)
     return 0
 

@@ -210,6 +210,7 @@ class StsPipeline:
         self.metrics_port: int | None = None
         self.failure: str | None = None
         self._stopping = threading.Event()
+        self._events_by_batch: dict[int, int] = {}
         self.source = event_source(config)
         """The L0 reader of ``source.format`` (:mod:`spark_ext.sources.events`)."""
         folders = [out.out_dir, out.checkpoint_dir]
@@ -246,6 +247,14 @@ class StsPipeline:
     def validation_failures(self) -> collections.Counter:
         """Answers replaced by the fallback since start, per validation rule."""
         return self.counts.validation_failures
+
+    def events_read(self) -> int:
+        """Events (source records) the submit query has read since start, from its
+        micro-batches' progress."""
+        if self.queries:
+            for p in self.queries[0].recentProgress:
+                self._events_by_batch[p["batchId"]] = p["numInputRows"]
+        return sum(self._events_by_batch.values())
 
     @property
     def open_requests(self) -> int:
@@ -345,9 +354,11 @@ class StsPipeline:
     # -------------------------------------------------------------- lifecycle
 
     def _start(self, df: DataFrame, query: str, *, foreach: object = None,
-               output_mode: str = "append", sink: str | None = None) -> StreamingQuery:
+               output_mode: str = "append", sink: str | None = None,
+               confs: dict[str, str] | None = None) -> StreamingQuery:
         """Start ``df`` as query ``sts-<query>`` with its checkpoint and trigger, into
-        ``foreach`` (a ``foreachBatch`` function) or the ``sink`` format."""
+        ``foreach`` (a ``foreachBatch`` function) or the ``sink`` format, with ``confs``
+        set for this query only."""
         writer = (df.writeStream.queryName(f"sts-{query}").outputMode(output_mode)
                   .option("checkpointLocation", self.config.output.checkpoint(query)))
         writer = writer.foreachBatch(foreach) if foreach is not None else writer.format(sink)
@@ -355,7 +366,7 @@ class StsPipeline:
         if seconds > 0:
             writer = writer.trigger(processingTime=f"{seconds} seconds")
         # A query copies the session's conf when it starts: set ours for our queries only.
-        confs = {_POLLING_DELAY: f"{self.config.output.idle_poll_ms}ms"}
+        confs = {_POLLING_DELAY: f"{self.config.output.idle_poll_ms}ms", **(confs or {})}
         if is_local_uri(self.config.output.checkpoint_dir) and (
                 manager := local_checkpoint_manager(self.spark)):
             confs[_CHECKPOINT_MANAGER] = manager
@@ -382,6 +393,7 @@ class StsPipeline:
         submit query's output; a restart continues from both checkpoints (the ledger's
         state included: a request accepted before the stop is still answered)."""
         publish = self.config.answers.topic is not None
+        self._check_locations()
         self._set_aside_stale_state()
         for query in QUERIES if publish else ("submit", "answers"):
             self.runs[query] = query_run(self.spark, self.config.output.checkpoint(query))
@@ -411,8 +423,15 @@ class StsPipeline:
         # The answers query first: its sources start Python workers that must connect
         # back within Spark's fixed timeout, which L1/L2's start (model loads in every
         # worker) can exceed on a busy machine.
+        # The ledger's state has one value per bucket: as many partitions as buckets at
+        # most (Spark's default of 200 would run 200 tasks a micro-batch); a checkpoint
+        # keeps the number its first run chose.
+        from spark_ext.session import task_slots
+
+        partitions = str(max(1, min(LEDGER_BUCKETS, task_slots(self.spark))))
         answers = self._start(self.answers_input(submit_df.schema), "answers",
-                              foreach=batch_writer, output_mode="update")
+                              foreach=batch_writer, output_mode="update",
+                              confs={"spark.sql.shuffle.partitions": partitions})
         try:
             _await_sources(answers)
             if fast_path.enabled(self.config):
@@ -437,6 +456,22 @@ class StsPipeline:
         for t in self.tickers:
             t.start()
         return self.queries
+
+    def _check_locations(self) -> None:
+        """Refuse, in one line that says what to add, a table or checkpoint location this
+        Spark cannot reach at all (an object store without its Hadoop connector)."""
+        out = self.config.output
+        places = {"output.checkpoint_dir": out.checkpoint_dir}
+        if self.writer == "spark":
+            places["output.out_dir"] = out.out_dir
+        for name, uri in places.items():
+            if why := storage.unreachable(self.spark, uri):
+                raise PipelineConfigError(
+                    f"{name} {uri}: {why}; add hadoop-aws to the session "
+                    "(spark-submit --packages \"$(python -m spark_ext.jvm_packages --with s3)\", "
+                    "or local_session(..., jvm_features=(\"kafka\", \"delta\", \"s3\"))) and "
+                    "for s3:// also spark.hadoop.fs.s3.impl="
+                    "org.apache.hadoop.fs.s3a.S3AFileSystem (README \"Object stores\")")
 
     def _set_aside_stale_state(self) -> None:
         """A checkpoint emptied of its offsets but not of its state (a partial reset)

@@ -57,7 +57,7 @@ def _config(tmp: Path, bootstrap: str, topic: str, endpoint: str, **sections) ->
         "tagging": {"event_time_ms": None, "max_tokens": 8,
                     "sla_ms": {"high": 30_000, "normal": 40_000, "low": 50_000}},
         "sidecar": {"endpoint": endpoint, "results_dir": str(tmp / "results"), "timeout_s": 3.0},
-        "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
+        "answers": {"grace_ms": 1000},
         "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
                    "writer": "deltalake"},
     }

@@ -184,7 +184,7 @@ def loaded(spark, kafka_broker, tmp_path_factory: pytest.TempPathFactory
                         "sla_ms": {"high": 60_000, "normal": 60_000, "low": 60_000}},
             "sidecar": {"endpoint": sidecar.target, "results_dir": str(sidecar.results_dir),
                         "timeout_s": 3.0, "check_at_start": False},
-            "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
+            "answers": {"grace_ms": 1000},
             "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
                        "metrics_port": driver_port, "writer": "deltalake"},
         })

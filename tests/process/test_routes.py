@@ -75,7 +75,7 @@ def test_spark_submit_route_answers_every_event(tmp_path: Path) -> None:
         stdout = "".join(lines) + rest
     assert job.returncode == 0, stderr[-3000:]
     assert "idle for 4 s, every request answered" in stdout, stdout[-2000:]
-    assert "submitted 15," in stdout
+    assert "events 15," in stdout
     assert "the wrong python3 ran" not in stderr
 
     from deltalake import DeltaTable

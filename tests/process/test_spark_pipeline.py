@@ -41,7 +41,7 @@ def _config(tmp: Path, endpoint: str, results_dir: str, **sections) -> PipelineC
         "tagging": {"event_time_ms": None, "max_tokens": 8,
                     "sla_ms": {"high": 20_000, "normal": 30_000, "low": 40_000}},
         "sidecar": {"endpoint": endpoint, "results_dir": results_dir, "timeout_s": 3.0},
-        "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
+        "answers": {"grace_ms": 1000},
         # the requests/results/review tables at once, not every 10 s (their own test)
         "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
                    "writer": "deltalake", "records_interval_s": 0},

@@ -35,7 +35,7 @@ def _config(tmp: Path, endpoint: str, *, writer: str, ckpt: str = "ckpt",
         "tagging": {"event_time_ms": None, "max_tokens": 8,
                     "sla_ms": {"high": 30_000, "normal": 40_000, "low": 50_000}},
         "sidecar": {"endpoint": endpoint, "results_dir": str(tmp / "results"), "timeout_s": 3.0},
-        "answers": {"grace_ms": 1000, "safety_net_interval_s": 0.2},
+        "answers": {"grace_ms": 1000},
         "output": {"out_dir": str(tmp / "tables"), "checkpoint_dir": str(tmp / ckpt),
                    "writer": writer, "tables": tables or {}, "records_interval_s": 0},
     }
@@ -246,3 +246,23 @@ def test_a_checkpoint_reset_keeps_the_tables_and_skips_no_write(
     assert second.run_ids["submit"] != run
     assert len(answers) == 6
     assert {a["answer_source"] for a in answers.values()} == {"llm"}, answers
+
+
+@pytest.mark.parametrize("where", ["out_dir", "checkpoint_dir"])
+def test_an_object_store_the_session_cannot_reach_is_refused_in_one_line(
+        spark, tmp_path: Path, where: str) -> None:
+    """``s3://`` in a session without hadoop-aws: before, a raw ``Py4JJavaError ...
+    UnsupportedFileSystemException: No FileSystem for scheme "s3"``; now one line that
+    names the setting and what to add, before anything starts."""
+    from spark_ext.exceptions import PipelineConfigError
+
+    config = _config(tmp_path, "127.0.0.1:9", writer="spark",
+                     sidecar={"check_at_start": False})
+    setattr(config.output, where, "s3://no-such-bucket/sts")
+    pipeline = StsPipeline(spark, config)
+    with pytest.raises(PipelineConfigError) as err:
+        pipeline.start()
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"output.{where} s3://no-such-bucket/sts")
+    assert 'no file system for "s3://"' in message and "hadoop-aws" in message
+    assert pipeline.queries == []

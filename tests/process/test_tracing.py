@@ -33,7 +33,7 @@ def _config(tmp: Path, endpoint: str) -> PipelineConfig:
                     # low: a deadline already past when it reaches the sidecar -> fallback
                     "sla_ms": {"high": 120_000, "normal": 120_000, "low": 1}},
         "sidecar": {"endpoint": endpoint, "results_dir": str(tmp / "results"), "timeout_s": 3.0},
-        "answers": {"grace_ms": 5000, "safety_net_interval_s": 0.2},
+        "answers": {"grace_ms": 5000},
         "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
                    "writer": "deltalake"},
     })
