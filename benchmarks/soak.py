@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                        **({"writer": args.writer} if args.writer else {}))
     doc = {"machine": machine_info(), "reference_cpu_ms_before": reference_cpu_ms(),
            "minutes": args.minutes, "engine": args.engine, "rate": args.rate,
-           "source": args.source, "writer": opts.writer, "start_ms": now_ms()}
+           "source": args.source, "writer": opts.resolved_writer(), "start_ms": now_ms()}
     sampler.start()
     try:
         summary = run_demo(opts)

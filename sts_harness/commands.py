@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Callable
 
 from sidecar import ENGINE_KINDS
@@ -47,9 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT",
                       help="with --source kafka: your cluster (default: a local broker "
                            "the demo starts for itself)")
-    demo.add_argument("--writer", choices=["deltalake", "spark", "auto"], default="deltalake",
+    demo.add_argument("--writer", choices=["deltalake", "spark", "auto"], default=None,
                       help="output.writer: deltalake (delta-rs on the driver), spark (Delta "
-                           "on Spark, what Databricks and Spark Connect run) or auto")
+                           "on Spark, what Databricks and Spark Connect run) or auto "
+                           "(default: spark with SPARK_REMOTE set, else deltalake)")
     demo.set_defaults(func=_run_demo)
 
     validate = sub.add_parser("validate", help="rollout offline: L1-L4 over past events, "
@@ -97,6 +99,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="also hadoop-aws, for s3a:// tables and checkpoints")
     connect.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                          help="a Spark setting of the server (e.g. spark.hadoop.fs.s3a.endpoint=...)")
+    connect.add_argument("--detach", action="store_true",
+                         help="return once it serves, leaving it running (its pid in "
+                              "--work-dir); stop it with --stop")
+    connect.add_argument("--stop", action="store_true",
+                         help="stop the server a --detach started in --work-dir")
     connect.set_defaults(func=_run_connect_server)
 
 
@@ -154,18 +161,20 @@ def _run_connect_server(args: argparse.Namespace) -> int:
     """Start the server, print how to reach it, keep it up until Ctrl-C."""
     import signal
     import time
-    from pathlib import Path
 
     from spark_ext.jvm_packages import session_conf
     from sts_harness.connect_server import ConnectServerError, SparkConnectServer
 
+    work = Path(args.work_dir).expanduser().resolve()
+    pid_file = work / "connect-server.pid"
+    if args.stop:
+        return _stop_detached(pid_file)
     conf = session_conf(["kafka", "delta", *(["s3"] if args.with_s3 else [])])
     for item in args.conf:
         key, eq, value = item.partition("=")
         if not eq:
             return _fail(f"--conf {item!r} must be KEY=VALUE", "connect-server", 2)
         conf[key] = value
-    work = Path(args.work_dir).expanduser().resolve()
     print(f"Starting a Spark Connect server on 127.0.0.1:{args.port} (Delta, Kafka"
           f"{', hadoop-aws' if args.with_s3 else ''}); log: {work / 'connect-server.log'} "
           "(the first start resolves the jars, up to a minute) ...", flush=True)
@@ -174,6 +183,12 @@ def _run_connect_server(args: argparse.Namespace) -> int:
         server.start()
     except ConnectServerError as e:
         return _fail(e, "connect-server", 1)
+    if args.detach:
+        assert server.proc is not None
+        pid_file.write_text(str(server.proc.pid), encoding="utf-8")
+        print(f"Serving (pid {server.proc.pid}): export SPARK_REMOTE={server.remote}; "
+              f"stop it with: sts connect-server --stop --work-dir {args.work_dir}", flush=True)
+        return 0
     print(f"Serving. In another shell:\n  export SPARK_REMOTE={server.remote}\n"
           "  sts demo --writer spark          # or your notebook, or StsPipeline(...)\n"
           "Ctrl-C stops the server.", flush=True)
@@ -190,6 +205,31 @@ def _run_connect_server(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     print("Spark Connect server stopped.", flush=True)
+    return 0
+
+
+def _stop_detached(pid_file: Path) -> int:
+    """SIGTERM to the process group of the server a ``--detach`` started, SIGKILL after
+    30 s."""
+    import os
+    import signal
+    import time
+
+    try:
+        pid = int(pid_file.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return _fail(f"no server started with --detach in {pid_file.parent}", "connect-server", 2)
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            os.killpg(pid, 0)
+            time.sleep(0.5)
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    pid_file.unlink(missing_ok=True)
+    print(f"Spark Connect server {pid} stopped.", flush=True)
     return 0
 
 

@@ -103,10 +103,17 @@ class DemoOptions:
     """With ``source = kafka``: the cluster to use (``None``: a local broker the demo
     starts in ``out/kafka`` and stops at the end)."""
 
-    writer: str = "deltalake"
-    """The pipeline's ``output.writer``. The demo's default is the driver-side delta-rs
-    writer: on the demo's one Spark core, Delta on Spark's MERGE per micro-batch takes
-    seconds, which the demo's 8 s SLA cannot absorb (``spark`` shows it)."""
+    writer: str | None = None
+    """The pipeline's ``output.writer`` (``deltalake``, ``spark`` or ``auto``). ``None``:
+    ``spark`` on Spark Connect (the only writer there), else ``deltalake``: the demo gives
+    Spark one core beside the model, where a Delta on Spark commit costs a second or
+    more per table and micro-batch."""
+
+    def resolved_writer(self) -> str:
+        """:attr:`writer`, or the default for the session this process would start."""
+        if self.writer:
+            return self.writer
+        return "spark" if os.environ.get("SPARK_REMOTE") else "deltalake"
 
     on_start: Callable[[object], None] | None = None
     """Called with the pipeline once it started (the soak samples it)."""
@@ -314,7 +321,7 @@ def demo_step(what: str, log: Path, *, expect: str = "", every_s: float = 15.0):
         from spark_ext.pipeline.sts_pipeline import one_line_reason
 
         _TRACES.error("sts demo: %s failed.", what, exc_info=True)
-        from sidecar.exceptions import SidecarError
+        from sidecar import SidecarError
         from spark_ext.exceptions import StsSparkError
         from sts_harness.kafka_broker import KafkaBrokerError
 
@@ -371,7 +378,7 @@ def run_demo(opts: DemoOptions) -> dict:
     log = out / "demo.log"
     _log_to_file(stack, log)
     print(f"sts demo: {opts.rate:g} events/s for {opts.duration:g} s, {opts.engine} engine, "
-          f"{opts.source} route, writer {opts.writer}; output {out}; log {log}", flush=True)
+          f"{opts.source} route, writer {opts.resolved_writer()}; output {out}; log {log}", flush=True)
     try:
         if opts.engine == "vllm":
             with demo_step("Preparing the model", log,
@@ -396,7 +403,10 @@ def run_demo(opts: DemoOptions) -> dict:
         from spark_ext.session import session_scope
 
         _pin_spark_cpus(stack, opts.engine)
-        with demo_step("Starting Spark (local[2])", log, expect="10-20 s"):
+        remote = os.environ.get("SPARK_REMOTE")
+        with demo_step(f"Connecting to Spark Connect at {remote}" if remote
+                       else "Starting Spark (local[2])", log,
+                       expect="a few seconds" if remote else "10-20 s"):
             spark = stack.enter_context(session_scope("sts-demo"))
         with demo_step("Building the pipeline", log,
                        expect="L1 router, L2 knowledge base, feature table" if opts.l1l2
@@ -497,7 +507,7 @@ def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path, *,
                     "result_channel": "kafka" if bootstrap else "files",
                     "token_file": str(token_file)},
         "output": {"out_dir": str(out / "tables"),
-                   "checkpoint_dir": str(out / "checkpoints"), "writer": opts.writer},
+                   "checkpoint_dir": str(out / "checkpoints"), "writer": opts.resolved_writer()},
         "rollout": {"mode": opts.rollout, "canary_share": opts.canary_share},
     })
 
@@ -511,16 +521,25 @@ def _run_until_answered(opts: DemoOptions, out: Path, sidecar, pipeline, replaye
 
     from spark_ext import PipelineFailedError
 
+    from pyspark.sql.utils import is_remote
+
     client = sidecar.client
     assert client is not None
+    remote = is_remote()
 
     def progress(phase: str) -> int:
         pipeline.check()
         if sidecar.proc is not None and sidecar.proc.poll() is not None:
             raise DemoFailedError(f"the sidecar exited with code {sidecar.proc.returncode}; "
                                   f"log: {out / 'sidecar.log'}")
-        counts = dict(pipeline.store.stats.by_source)
-        answered = pipeline.store.stats.answers_written
+        if remote:  # the counters live in the Connect server: ask the table
+            answers = pipeline.store.read("answers", ["answer_source"])
+            sources = answers.column("answer_source").to_pylist() if answers.num_rows else []
+            counts = dict(collections.Counter(sources))
+            answered = len(sources)
+        else:
+            counts = dict(pipeline.store.stats.by_source)
+            answered = pipeline.store.stats.answers_written
         st = client.stats()
         busy = sum(p.queued + p.in_flight for p in st.pools)
         print(f"[{time.monotonic() - start:5.1f}s] {phase}: events {replayer.offered}, "

@@ -83,11 +83,9 @@ def _fail(command: str, e: Exception) -> int:
 def _quiet() -> None:
     """Keep the libraries' start-up chatter (faiss CPU probing, Milvus Lite's in-process
     server, its unimplemented-RPC log line) off the command's output."""
-    import logging
+    from spark_ext.l2.knowledge_base import quiet_library_noise
 
-    for name in ("faiss", "milvus_lite", "sentence_transformers"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
+    quiet_library_noise()
 
 
 def _guarded(command: str, run) -> int:

@@ -134,10 +134,32 @@ def article_document(article: dict[str, Any]) -> str:
 _GRPC_OPTIONS = {"grpc.keepalive_time_ms": 300_000}
 
 
+class _UnimplementedRpcNoise(logging.Filter):
+    """Drop gRPC's ERROR with traceback for an RPC Milvus Lite's in-process server lacks
+    (pymilvus asks it for ``AllocTimestamp`` on connect: "Method not implemented!").
+    Harmless, expected at every open, and it reads like a failure in a good run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, NotImplementedError) and "not implemented" in str(exc))
+
+
+def quiet_library_noise() -> None:
+    """Keep the knowledge base's libraries' harmless start-up chatter off a command's
+    output: faiss's CPU-feature probing (an INFO ``ModuleNotFoundError`` for the AVX512
+    build it falls back from), Milvus Lite's unimplemented-RPC tracebacks. Idempotent."""
+    for name in ("faiss", "faiss.loader", "milvus_lite", "sentence_transformers"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    server = logging.getLogger("grpc._server")
+    if not any(isinstance(f, _UnimplementedRpcNoise) for f in server.filters):
+        server.addFilter(_UnimplementedRpcNoise())
+
+
 def _client(uri: str, token: str = "") -> Any:
     from pymilvus import MilvusClient
     from pymilvus.exceptions import MilvusException
 
+    quiet_library_noise()
     try:
         return MilvusClient(uri=uri, token=token, grpc_options=_GRPC_OPTIONS) if token \
             else MilvusClient(uri=uri, grpc_options=_GRPC_OPTIONS)

@@ -35,7 +35,7 @@ class FileEventSource(EventSource):
         if not _exists(spark, folder):
             schema = spark.createDataFrame([], src.schema).schema
             event = spark.createDataFrame([(None,) * len(schema)], schema)
-            event.write.mode("errorifexists").format(src.format).save(folder)
+            event.write.mode("error").format(src.format).save(folder)
         return spark.read.schema(src.schema).options(**src.options).format(src.format) \
             .load(folder)
 
@@ -51,9 +51,17 @@ class RateEventSource(EventSource):
 
 def _exists(spark: SparkSession, path: str) -> bool:
     """Whether ``path`` exists, on whatever file system Spark reaches it (no JVM gateway
-    needed: a listing that fails means it does not)."""
+    needed: a listing that fails means it does not). The Spark Connect client logs every
+    failed call as an ERROR with traceback; this expected one is kept off the log."""
+    import logging
+
+    connect_log = logging.getLogger("pyspark.sql.connect.logging")
+    level = connect_log.level
+    connect_log.setLevel(logging.CRITICAL)
     try:
         spark.read.format("binaryFile").load(path).select("path").limit(1).collect()
     except Exception:  # noqa: BLE001 - Spark raises PATH_NOT_FOUND for a missing path
         return False
+    finally:
+        connect_log.setLevel(level)
     return True

@@ -19,6 +19,38 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 
+def summarize(rows: pa.Table) -> list[dict]:
+    """:meth:`BatchFrames.summary` from the control columns of a micro-batch's ledger
+    output (``_kind``, ``_table``, ``answer_source``, ``status``, ``reason``, ``_payload``).
+
+    Example:
+        >>> t = pa.table({"_kind": ["append", "append", "stats"], "_table": ["answers"] * 2
+        ...               + [None], "answer_source": ["llm", "llm", None],
+        ...               "status": ["ok", "ok", None], "reason": [None] * 3,
+        ...               "_payload": [None, None, '{"bucket": 0}']})
+        >>> summarize(t)[0]["n"], summarize(t)[1]["payloads"]
+        (2, ['{"bucket": 0}'])
+    """
+    import collections
+
+    from spark_ext.l4.ledger import STATS
+
+    if rows.num_rows == 0:
+        return []
+    counts: collections.Counter = collections.Counter()
+    payloads: dict[tuple, list[str]] = collections.defaultdict(list)
+    for kind, table, source, status, reason, payload in zip(
+            *(rows.column(c).to_pylist() for c in (
+                "_kind", "_table", "answer_source", "status", "reason", "_payload"))):
+        if kind == STATS or (table or "").startswith("_"):
+            payloads[(kind, table)].append(payload)
+        if kind != STATS:
+            counts[(kind, table, source, status, reason)] += 1
+    return ([{"_kind": k, "_table": t, "answer_source": s, "status": st, "reason": r, "n": n}
+             for (k, t, s, st, r), n in counts.items()]
+            + [{"_kind": k, "_table": t, "payloads": p} for (k, t), p in payloads.items()])
+
+
 class BatchFrames(ABC):
     """One micro-batch's ledger output, in the writer's own kind of frame."""
 

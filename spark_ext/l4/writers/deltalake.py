@@ -9,7 +9,6 @@ it does not run on Spark Connect.
 from __future__ import annotations
 
 import base64
-import collections
 import json
 from typing import Any
 
@@ -18,7 +17,7 @@ import pyarrow.compute as pc
 
 from spark_ext.l4.answer_store import ANSWER_TABLE_CONFIGURATION, AnswerStore, with_partition
 from spark_ext.l4.answers import PARTITION, answer_schema
-from spark_ext.l4.ledger import RECORD, SHADOW_ANSWERS, STATS
+from spark_ext.l4.ledger import RECORD, SHADOW_ANSWERS
 from spark_ext.l4.writers.base import BatchFrames, TableWriter
 
 
@@ -191,17 +190,7 @@ class ArrowFrames(BatchFrames):
         return with_partition(parsed) if "enqueue_ts" in parsed.column_names else parsed
 
     def summary(self) -> list[dict]:
-        if self.batch.num_rows == 0:
-            return []
-        counts: collections.Counter = collections.Counter()
-        payloads: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
-        for kind, table, source, status, reason, payload in zip(
-                *(self.batch.column(c).to_pylist() for c in (
-                    "_kind", "_table", "answer_source", "status", "reason", "_payload"))):
-            if kind == STATS or (table or "").startswith("_"):
-                payloads[(kind, table)].append(payload)
-            if kind != STATS:
-                counts[(kind, table, source, status, reason)] += 1
-        return ([{"_kind": k, "_table": t, "answer_source": s, "status": st, "reason": r,
-                  "n": n} for (k, t, s, st, r), n in counts.items()]
-                + [{"_kind": k, "_table": t, "payloads": p} for (k, t), p in payloads.items()])
+        from spark_ext.l4.writers.base import summarize
+
+        return summarize(self.batch.select(["_kind", "_table", "answer_source", "status",
+                                            "reason", "_payload"]))

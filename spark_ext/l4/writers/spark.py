@@ -261,15 +261,15 @@ class SparkFrames(BatchFrames):
         return rows.withColumn(PARTITION, hour_column())
 
     def summary(self) -> list[dict]:
-        counts = (self.batch.where(F.col("_kind") != STATS)
-                  .groupBy("_kind", "_table", "answer_source", "status", "reason")
-                  .agg(F.count(F.lit(1)).alias("n")))
-        payloads = (self.batch.where((F.col("_kind") == STATS)
-                                     | F.col("_table").startswith("_"))
-                    .groupBy("_kind", "_table")
-                    .agg(F.collect_list("_payload").alias("payloads")))
-        rows = [r.asDict() for r in counts.collect()]
-        return rows + [r.asDict() for r in payloads.collect()]
+        """One small job: the control columns of every row (the payloads only of the
+        rows that are counted, not written), aggregated here."""
+        from spark_ext.l4.writers.base import summarize
+
+        counted = (F.col("_kind") == STATS) | F.col("_table").startswith("_")
+        rows = self.batch.select(
+            "_kind", "_table", "answer_source", "status", "reason",
+            F.when(counted, F.col("_payload")).alias("_payload")).toArrow()
+        return summarize(rows)
 
     def release(self) -> None:
         self.batch.unpersist()
