@@ -4,7 +4,7 @@ from the driver (``deltalake``: every answer, request and result row is collecte
 driver and written there).
 
 Per writer and offered rate: the whole pipeline (files source, a simulated sidecar with
-the seed-scale config, both queries, the safety net) runs for ``--duration`` seconds of
+the seed-scale config, both queries with the ledger) runs for ``--duration`` seconds of
 replayed events, and ``/proc`` is sampled every second for the driver's Python process
 (CPU seconds, RSS) and for the JVM with its Python workers (in local mode the JVM is the
 executors too, so its CPU is the executors' work). Reported per 1,000 events/s: driver

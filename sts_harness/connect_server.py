@@ -68,6 +68,19 @@ class ConnectServerError(RuntimeError):
     with the end of its log. Unrecoverable for this server."""
 
 
+#: What the server logs when its gRPC port is taken (it does not exit).
+_BIND_FAILED = "Failed to bind to address"
+
+
+def _port_open(port: int) -> bool:
+    """Whether something accepts TCP connections on ``127.0.0.1:port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as s:
@@ -124,6 +137,7 @@ class SparkConnectServer:
         self.stop_timeout_s = stop_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
+        self._log_start = 0
 
     @property
     def remote(self) -> str:
@@ -163,9 +177,14 @@ class SparkConnectServer:
         Raises:
             ConnectServerError: it exited, or did not serve within ``start_timeout_s``.
         """
+        if _port_open(self.port):
+            raise ConnectServerError(
+                f"port {self.port} on 127.0.0.1 is already in use (another Spark Connect "
+                "server? stop it, or choose another port)")
         self.work_dir.mkdir(parents=True, exist_ok=True)
         (self.work_dir / "log4j2.properties").write_text(_LOG4J2, encoding="utf-8")
         self._log = open(self.log_path, "ab")
+        self._log_start = self._log.tell()
         self.proc = subprocess.Popen(self.command(), cwd=self.work_dir, env=self._environment(),
                                      stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, process_group=0)
@@ -185,11 +204,11 @@ class SparkConnectServer:
                 raise ConnectServerError(f"the Spark Connect server exited with "
                                          f"{self.proc.returncode}: {self.tail_log()} "
                                          f"({self.log_path})")
-            try:
-                # The client retries a closed port for a long while: check it first.
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    pass
-            except OSError:
+            if _BIND_FAILED in self._new_log():  # the JVM logs it and lives on
+                raise ConnectServerError(f"the Spark Connect server could not bind port "
+                                         f"{self.port} ({self.log_path})")
+            # The client retries a closed port for a long while: check it first.
+            if not _port_open(self.port):
                 time.sleep(0.5)
                 continue
             try:
@@ -209,6 +228,15 @@ class SparkConnectServer:
     def client(self) -> "ConnectSession":
         """A new Spark Connect session on this server (see :func:`connect_client`)."""
         return connect_client(self.remote)
+
+    def _new_log(self) -> str:
+        """What this start wrote to the log so far."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
 
     def tail_log(self, lines: int = 5) -> str:
         """The last ``lines`` lines of the server's log, joined with `` | ``."""

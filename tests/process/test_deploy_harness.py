@@ -195,3 +195,20 @@ def test_a_connect_server_that_exits_says_why_in_one_line(tmp_path: Path) -> Non
     message = str(caught.value)
     assert "\n" not in message and "exited" in message and str(server.log_path) in message
     assert server.proc is not None and server.proc.poll() is not None
+
+
+def test_a_connect_server_on_a_taken_port_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """Something already listens on the port (an earlier server left running): the start
+    is refused in one line instead of the client talking to that other server."""
+    import socket
+
+    from sts_harness.connect_server import ConnectServerError, SparkConnectServer
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        server = SparkConnectServer(tmp_path / "taken", port=port)
+        with pytest.raises(ConnectServerError) as caught:
+            server.start()
+    message = str(caught.value)
+    assert "\n" not in message and f"port {port}" in message and "in use" in message
+    assert server.proc is None, "no JVM was started"

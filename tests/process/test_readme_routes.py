@@ -29,8 +29,13 @@ def test_the_readme_routes_run_in_sequence_as_printed(tmp_path: Path) -> None:
     block = readme_block("Every route, one after the other")
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "SPARK_LOCAL_IP": "127.0.0.1"}
     env.pop("SPARK_REMOTE", None)
-    done = subprocess.run(["bash", "-e", "-c", "set -o pipefail\n" + block], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=1400)
+    try:
+        done = subprocess.run(["bash", "-e", "-c", "set -o pipefail\n" + block], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=1400)
+    finally:  # a command that failed leaves the block before its server's --stop
+        if (tmp_path / "sts-connect" / "connect-server.pid").exists():
+            subprocess.run([str(BIN / "sts"), "connect-server", "--stop", "--work-dir",
+                            str(tmp_path / "sts-connect")], env=env, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert done.stdout.count("=== sts demo summary ===") == 2, out[-4000:]

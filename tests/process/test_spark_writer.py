@@ -118,6 +118,10 @@ def test_each_writer_continues_and_reads_the_others_tables(spark, tmp_path: Path
         second.start()
         try:
             after = _until(second, set(before) | _write_events(tmp_path, "sp", 4))
+            # Delta on Spark holds the records' rows for records_interval_s (10 s)
+            wait_until(lambda: len(set(second.store.read("requests", ["request_id"])
+                                       .column("request_id").to_pylist())) >= 8,
+                       timeout_s=90, interval_s=1.0, what="the new requests recorded")
         finally:
             second.stop()
     assert len(after) == 8 and {a["answer_source"] for a in after.values()} == {"llm"}
