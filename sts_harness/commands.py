@@ -88,6 +88,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     events.add_argument("--duration", type=float, default=60.0, help="seconds of replay")
     events.set_defaults(func=_run_events)
 
+    s3 = sub.add_parser(
+        "s3-server", help="a local S3-compatible server (moto, in memory) with one bucket, "
+                          "and the settings that point both writers at it; Ctrl-C stops it")
+    s3.add_argument("--port", type=positive(int), default=9000, help="its port on 127.0.0.1")
+    s3.add_argument("--bucket", default="sts", help="the bucket it creates")
+    s3.add_argument("--prefix", default="sts", help="the key prefix of the printed locations")
+    s3.set_defaults(func=_run_s3_server)
+
     connect = sub.add_parser(
         "connect-server", help="a local Spark Connect server with the jars and settings the "
                                "pipeline needs (what Databricks serverless runs); Ctrl-C stops it")
@@ -159,9 +167,6 @@ def _run_events(args: argparse.Namespace) -> int:
 
 def _run_connect_server(args: argparse.Namespace) -> int:
     """Start the server, print how to reach it, keep it up until Ctrl-C."""
-    import signal
-    import time
-
     from spark_ext.jvm_packages import session_conf
     from sts_harness.connect_server import ConnectServerError, SparkConnectServer
 
@@ -192,19 +197,48 @@ def _run_connect_server(args: argparse.Namespace) -> int:
     print(f"Serving. In another shell:\n  export SPARK_REMOTE={server.remote}\n"
           "  sts demo --writer spark          # or your notebook, or StsPipeline(...)\n"
           "Ctrl-C stops the server.", flush=True)
+    def exited() -> int | None:
+        if server.proc is not None and server.proc.poll() is not None:
+            return _fail(f"the server exited with code {server.proc.returncode}; log: "
+                         f"{server.log_path}", "connect-server", 1)
+        return None
+
+    return _serve_until_stopped(server, "Spark Connect server", exited)
+
+
+def _run_s3_server(args: argparse.Namespace) -> int:
+    """Start moto's S3 with a bucket, print the settings for it, serve until Ctrl-C."""
+    from sts_harness.s3_server import S3Server, S3ServerError, settings_text
+
+    server = S3Server(args.bucket, port=args.port)
+    try:
+        server.start()
+    except S3ServerError as e:
+        return _fail(e, "s3-server", 1)
+    print(f"S3 test server (moto; objects in memory, gone when it stops) on {server.endpoint}, "
+          f"bucket {args.bucket}.\n{settings_text(server, args.prefix)}\nCtrl-C stops it.",
+          flush=True)
+    return _serve_until_stopped(server, "S3 test server", lambda: None)
+
+
+def _serve_until_stopped(server, what: str, exited: Callable[[], int | None]) -> int:
+    """Keep ``server`` up until Ctrl-C or SIGTERM (exit 0, "<what> stopped.") or until
+    ``exited()`` returns an exit code (it died); stop it either way."""
+    import signal
+    import time
+
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     try:
         while not stop["now"]:
-            if server.proc is not None and server.proc.poll() is not None:
-                return _fail(f"the server exited with code {server.proc.returncode}; log: "
-                             f"{server.log_path}", "connect-server", 1)
+            if (code := exited()) is not None:
+                return code
             time.sleep(1)
     except KeyboardInterrupt:
         pass
     finally:
         server.stop()
-    print("Spark Connect server stopped.", flush=True)
+    print(f"{what} stopped.", flush=True)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""A local S3-compatible server for the tests: moto's S3 (``moto[server]``, PyPI) in a
-process of its own (``python -m moto.server``), on a free loopback port, with one bucket.
+"""A local S3-compatible server for the tests and for ``sts s3-server``: moto's S3
+(``moto[server]``, PyPI) in a process of its own (``python -m moto.server``), on a free
+loopback port, with one bucket.
 Its own process, not a thread of the tests': delta-rs calls that hold the GIL while they
 wait on the network would otherwise wait on a server that cannot run (seen: a listing
 that timed out after 3 minutes).
@@ -183,3 +184,36 @@ class S3Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def settings_text(server: S3Server, prefix: str = "sts") -> str:
+    """What a user needs to point the pipeline at ``server``: the AWS variables, the
+    ``output`` section for each writer (tables on ``s3://``, checkpoints on ``s3a://``)
+    and the Spark settings for ``spark-submit`` and for ``sts connect-server``.
+
+    Example:
+        >>> s = S3Server("b"); s.port = 9000
+        >>> text = settings_text(s, "demo")
+        >>> "out_dir: s3://b/demo/tables" in text, "checkpoint_dir: s3a://b/demo/checkpoints" in text
+        (True, True)
+    """
+    import json
+
+    env = "\n".join(f"  export {k}={v}" for k, v in server.environment.items())
+    confs = " ".join(f"--conf {k}={v}" for k, v in server.spark_conf().items())
+    tables = server.uri(f"{prefix}/tables", scheme="s3")
+    checkpoints = server.uri(f"{prefix}/checkpoints", scheme="s3a")
+    return (
+        f"The AWS variables (boto3, the AWS CLI, delta-rs):\n{env}\n\n"
+        "The pipeline's output, Delta on Spark (writer: spark; also on Spark Connect):\n"
+        f"  output:\n    writer: spark\n    out_dir: {tables}\n"
+        f"    checkpoint_dir: {checkpoints}\n"
+        "  with hadoop-aws and these settings in the session:\n"
+        "  spark-submit --packages \"$(python -m spark_ext.jvm_packages --with s3)\" "
+        f"{confs} spark_ext/pipeline/job.py --config <your config>\n"
+        f"  sts connect-server --with-s3 {confs}\n\n"
+        "The pipeline's output, delta-rs from the driver (writer: deltalake):\n"
+        f"  output:\n    writer: deltalake\n    out_dir: {tables}\n"
+        f"    checkpoint_dir: {checkpoints}\n"
+        f"    storage_options: {json.dumps(server.storage_options)}\n"
+        "  (the checkpoints are Spark's: the session needs hadoop-aws and the settings above)")

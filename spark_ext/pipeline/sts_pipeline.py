@@ -192,7 +192,7 @@ class StsPipeline:
         """Who writes the tables (:mod:`spark_ext.l4.writers`)."""
         self.writer = self.tables.name
         """Its name: ``spark`` (Delta on Spark) or ``deltalake``."""
-        if self.writer == "deltalake":
+        if self.tables.traces_answers:
             self.tables.tracer = answer_spans()  # L4 spans; None unless OTEL_* switch them on
         self.validator = AnswerValidator(config.validation)
         """The output validation's rules (the answers are checked in the executors)."""
@@ -462,7 +462,7 @@ class StsPipeline:
         Spark cannot reach at all (an object store without its Hadoop connector)."""
         out = self.config.output
         places = {"output.checkpoint_dir": out.checkpoint_dir}
-        if self.writer == "spark":
+        if self.tables.writes_with_spark:
             places["output.out_dir"] = out.out_dir
         for name, uri in places.items():
             if why := storage.unreachable(self.spark, uri):

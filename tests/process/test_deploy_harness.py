@@ -212,3 +212,42 @@ def test_a_connect_server_on_a_taken_port_is_refused_before_it_starts(tmp_path: 
     message = str(caught.value)
     assert "\n" not in message and f"port {port}" in message and "in use" in message
     assert server.proc is None, "no JVM was started"
+
+
+def test_sts_s3_server_prints_settings_that_delta_rs_writes_with(tmp_path: Path) -> None:
+    """``sts s3-server`` as a user runs it: it serves, prints the deltalake writer's
+    ``storage_options`` and both writers' locations; a Delta table written with what it
+    printed reads back; SIGTERM stops it with exit 0."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from sts_harness.process import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "sts"), "s3-server", "--port",
+                             str(port), "--bucket", "recipe"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "Ctrl-C stops it." in line:
+                break
+        text = "".join(lines)
+        assert f"http://127.0.0.1:{port}" in text, text
+        assert "checkpoint_dir: s3a://recipe/sts/checkpoints" in text, text
+        options = json.loads(text.split("storage_options: ", 1)[1].splitlines()[0])
+        out_dir = text.split("out_dir: ", 1)[1].splitlines()[0]
+        write_deltalake(f"{out_dir}/answers", pa.table({"request_id": ["r1"]}),
+                        storage_options=options)
+        rows = DeltaTable(f"{out_dir}/answers", storage_options=options).to_pyarrow_table()
+        assert rows.column("request_id").to_pylist() == ["r1"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "S3 test server stopped." in rest

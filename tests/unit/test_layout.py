@@ -219,3 +219,14 @@ def test_readme_layout_lists_every_module() -> None:
     listed = _readme_layout()
     assert not tree - listed, f"modules missing from the README's Layout: {sorted(tree - listed)}"
     assert not listed - tree, f"README's Layout lists files that do not exist: {sorted(listed - tree)}"
+
+
+def test_the_pipeline_asks_its_writer_never_its_name() -> None:
+    """``StsPipeline`` and the answers batch branch on what a writer says of itself
+    (``TableWriter``'s class attributes), never on ``output.writer``'s value: a third
+    writer is one new module."""
+    import re
+
+    for path in ("spark_ext/pipeline/sts_pipeline.py", "spark_ext/l4/answers_batch.py"):
+        text = (REPO / path).read_text(encoding="utf-8")
+        assert not re.search(r"""writer\s*[!=]=\s*["']""", text), path

@@ -86,18 +86,28 @@ class TableWriter(ABC):
     """``output.writer`` value."""
 
     runs_on_connect: ClassVar[bool] = False
+    """Whether the ``foreachBatch`` functions using it may run in a Spark Connect server
+    (they then carry configuration only)."""
 
     records_interval_s: ClassVar[float] = 0.0
     """The default of ``output.records_interval_s`` (how often the record tables are
     written) for this writer: how much a commit costs decides it."""
-    """Whether the ``foreachBatch`` functions using it may run in a Spark Connect server
-    (they then carry configuration only)."""
+
+    writes_with_spark: ClassVar[bool] = False
+    """Whether Spark's own file systems write the tables (then Spark must reach
+    ``output.out_dir``; otherwise only the checkpoints)."""
+
+    traces_answers: ClassVar[bool] = False
+    """Whether it writes answers in this process, where it can emit the L4 spans through
+    :attr:`tracer` (the executors of a Spark writer cannot)."""
 
     def __init__(self, output: Any, key_columns: tuple[str, ...]) -> None:
         self.output = output
         self.key_columns = tuple(key_columns)
         self.conflicts_retried = 0
         """Write conflicts retried (another writer committed first)."""
+        self.tracer: Any = None
+        """L4 spans (``answered``, ``backfilled``) when :attr:`traces_answers`; ``None``: off."""
 
     @classmethod
     def available(cls, spark: Any) -> bool:

@@ -27,14 +27,13 @@ class DeltalakeWriter(TableWriter):
 
     name = "deltalake"
     runs_on_connect = False
+    traces_answers = True
 
     def __init__(self, output: Any, key_columns: tuple[str, ...]) -> None:
         super().__init__(output, key_columns)
         self.store = AnswerStore(output.out_dir, key_columns=list(key_columns),
                                  storage_options=output.storage_options or None)
         """The tables (reads, appends, compaction), also for the demo and tests."""
-        self.tracer = None
-        """Writes the L4 spans of the answers (``None``: tracing off)."""
 
     def location(self, name: str) -> str:
         return self.store.path(name)

@@ -63,6 +63,7 @@ class SparkWriter(TableWriter):
     name = "spark"
     runs_on_connect = True
     records_interval_s = 10.0
+    writes_with_spark = True
 
     @classmethod
     def available(cls, spark: SparkSession) -> bool:
