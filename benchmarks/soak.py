@@ -359,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="where events and results travel (the demo's --source)")
     p.add_argument("--writer", choices=("deltalake", "spark", "auto"), default=None,
                    help="output.writer (default: the demo's)")
+    p.add_argument("--no-l1l2", dest="l1l2", action="store_false",
+                   help="L1 routing, L2 retrieval and the feature lookup off (every event to "
+                        "the model): the write path alone, without L1's MiniLM on the cores")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--replot", action="store_true",
                    help="redraw --out's soak.json (filling in the live tables) and exit")
@@ -373,11 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     sampler = SoakSampler(demo_out.resolve(), every_s=args.every)
     opts = DemoOptions(rate=args.rate, duration=args.minutes * 60, out=str(demo_out),
                        engine=args.engine, source=args.source, overwrite=True,
-                       on_start=lambda pipeline: setattr(sampler, "pipeline", pipeline),
+                       l1l2=args.l1l2, on_start=lambda pipeline: setattr(sampler, "pipeline", pipeline),
                        **({"writer": args.writer} if args.writer else {}))
     doc = {"machine": machine_info(), "reference_cpu_ms_before": reference_cpu_ms(),
            "minutes": args.minutes, "engine": args.engine, "rate": args.rate,
-           "source": args.source, "writer": opts.resolved_writer(), "start_ms": now_ms()}
+           "source": args.source, "writer": opts.resolved_writer(), "l1l2": args.l1l2,
+           "start_ms": now_ms()}
     sampler.start()
     try:
         summary = run_demo(opts)

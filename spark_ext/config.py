@@ -629,7 +629,14 @@ class MaintenanceConfig:
     """Upkeep the pipeline runs on a schedule, so tables and folders stay bounded."""
 
     interval_s: float = 300.0
-    """How often the Delta tables are compacted and vacuumed."""
+    """How often maintenance runs: ``deltalake`` compacts the recent hours of its tables
+    then (Delta on Spark compacts as it writes: ``delta.autoOptimize.autoCompact``)."""
+
+    vacuum_interval_s: float = 86_400.0
+    """How often files no longer in a table are deleted (``VACUUM``), at the first
+    maintenance run after this long (then every this long). With the default retention
+    nothing is older than a week before a week has passed, and a vacuum is a scan of the
+    table's log or folder, so a day between them is enough."""
 
     vacuum_retention_hours: int = 168
     """Files no longer in a table are deleted when older than this."""
@@ -641,11 +648,11 @@ class MaintenanceConfig:
     must read its rows within it."""
 
     def __post_init__(self) -> None:
-        if self.interval_s <= 0 or self.vacuum_retention_hours < 0 or \
-                self.results_retention_s < 0:
+        if self.interval_s <= 0 or self.vacuum_interval_s <= 0 or \
+                self.vacuum_retention_hours < 0 or self.results_retention_s < 0:
             raise PipelineConfigError(
-                f"{self.interval_s=} must be > 0, {self.vacuum_retention_hours=} and "
-                f"{self.results_retention_s=} >= 0")
+                f"{self.interval_s=} and {self.vacuum_interval_s=} must be > 0, "
+                f"{self.vacuum_retention_hours=} and {self.results_retention_s=} >= 0")
 
 
 @dataclass

@@ -574,6 +574,16 @@ def _run_until_answered(opts: DemoOptions, out: Path, sidecar, pipeline, replaye
     return failure
 
 
+def summary_columns(pipeline) -> list[str]:
+    """The answers table's columns the summary reads: every one but the answer's text,
+    which is most of a row's bytes (the summary of a long run reads hundreds of
+    thousands of rows)."""
+    from spark_ext.l4.answers import answer_schema
+
+    keys = pipeline.config.tagging.key_columns
+    return [name for name in answer_schema(keys).names if name != "answer"]
+
+
 def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
                   wall_s: float) -> dict:
     """The summary of a finished run: answers by source and priority, the sidecar's
@@ -587,7 +597,7 @@ def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
         stats = MessageToDict(sidecar.client.stats(), preserving_proto_field_name=False)
     except Exception:  # the sidecar is gone
         stats = {}
-    answers = pipeline.store.read("answers").to_pylist()
+    answers = pipeline.store.read("answers", summary_columns(pipeline)).to_pylist()
     summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats,
                         fast_path=pipeline.fast_path_stats.summary() if opts.l1l2 else None)
     summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")

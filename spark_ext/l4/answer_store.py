@@ -176,9 +176,11 @@ class AnswerStore:
 
     # ----------------------------------------------------------------- upkeep
 
-    def maintain(self, *, vacuum_retention_hours: int, now_ms: int | None = None) -> None:
+    def maintain(self, *, vacuum_retention_hours: int | None, now_ms: int | None = None
+                 ) -> None:
         """Compact the current and the previous hour's partitions of every table and
-        vacuum files no longer referenced and older than the retention."""
+        vacuum files no longer referenced and older than the retention (``None``: no
+        vacuum this time)."""
         now_ms = now_ms or int(time.time() * 1000)
         hours = hours_between(now_ms - 3_600_000, now_ms)
         for name in TABLES:
@@ -190,6 +192,8 @@ class AnswerStore:
                     metrics = dt.optimize.compact(partition_filters=[(PARTITION, "=", hour)])
                     if metrics.get("numFilesRemoved"):
                         self.stats.compactions += 1
+                if vacuum_retention_hours is None:
+                    continue
                 removed = dt.vacuum(retention_hours=vacuum_retention_hours, dry_run=False,
                                     enforce_retention_duration=False)
                 self.stats.vacuumed_files += len(removed)

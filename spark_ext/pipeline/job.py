@@ -6,8 +6,9 @@
     sts events --to sts-job/events --rate 2 --duration 60
 
 Runs the STS queries until they are stopped (Ctrl-C, SIGTERM), ``--timeout`` passes, or,
-with ``--until-idle``, events came and then none for that many seconds and every
-submitted request has its answer. Prints a progress line every ``--progress`` seconds;
+with ``--until-idle``, events came and then none for that many seconds, the answers
+query has read the acks of the last events, and every submitted request has its answer.
+Prints a progress line every ``--progress`` seconds;
 Python's log and every traceback go to ``--log`` (default ``sts-job.log``), Spark's log is
 at ``--spark-log-level`` (default WARN). Relative paths in the config are relative to
 the config file. Exit codes: 0 done, 1 a part failed (Spark did not start, a query
@@ -158,7 +159,8 @@ def _run(pipeline, args, failed: type[Exception]) -> int:
                 reason = f"--timeout {args.timeout:g} s"
                 break
             if (args.until_idle is not None and seen_rows and pending == 0
-                    and now - last_event >= args.until_idle):
+                    and now - last_event >= args.until_idle
+                    and pipeline.answers_caught_up()):
                 reason = f"idle for {args.until_idle:g} s, every request answered"
                 break
             time.sleep(0.5)

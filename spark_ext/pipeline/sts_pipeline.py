@@ -147,6 +147,14 @@ def _await_sources(query: StreamingQuery, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _progress_ms(progress) -> int:
+    """When a micro-batch began (its progress's ``timestamp``, ISO 8601 UTC), epoch ms."""
+    import datetime
+
+    stamp = progress["timestamp"].replace("Z", "+00:00")
+    return int(datetime.datetime.fromisoformat(stamp).timestamp() * 1000)
+
+
 class PipelineTables:
     """The pipeline's tables as the demo, the tests and ``/metrics`` read them:
     :meth:`read` returns Arrow, :attr:`stats` the counters of this process's writes."""
@@ -204,6 +212,7 @@ class StsPipeline:
         """Routes and retrieval hits of L1/L2 since start (empty when both are off)."""
         self.queries: list[StreamingQuery] = []
         self.tickers: list[Ticker] = []
+        self._vacuumed_at = time.monotonic()  # the last vacuum (none yet: the start)
         self.metrics = None
         """The Prometheus exporter (:class:`~spark_ext.pipeline.metrics.PipelineMetrics`) when
         ``output.metrics_port`` is set; ``metrics_port`` is the port it serves."""
@@ -255,6 +264,19 @@ class StsPipeline:
             for p in self.queries[0].recentProgress:
                 self._events_by_batch[p["batchId"]] = p["numInputRows"]
         return sum(self._events_by_batch.values())
+
+    def answers_caught_up(self) -> bool:
+        """Whether the answers query has run a micro-batch that began after the submit
+        query's last micro-batch with input ended: it has then read every ack that batch
+        left (until then an event's request may be missing from :attr:`open_requests`:
+        its result can arrive before its ack)."""
+        if len(self.queries) < 2:
+            return False
+        submit, answers = self.queries[0], self.queries[1]
+        ended = [_progress_ms(p) + int((p["durationMs"] or {}).get("triggerExecution") or 0)
+                 for p in submit.recentProgress if p["numInputRows"]]
+        began = [_progress_ms(p) for p in answers.recentProgress]
+        return bool(began) and (not ended or max(began) > max(ended))
 
     @property
     def open_requests(self) -> int:
@@ -449,6 +471,7 @@ class StsPipeline:
                 for q in self.queries:
                     q.stop()
                 raise
+        self._vacuumed_at = time.monotonic()
         self.tickers = [
             Ticker("sts-maintenance", self.config.maintenance.interval_s, self._maintain),
             Ticker("sts-health", 0.5, self._watch_health),
@@ -536,9 +559,16 @@ class StsPipeline:
                 or self.source.has_dead_letters)
 
     def _maintain(self) -> None:
+        """One maintenance run: the writer's compaction, and a vacuum when
+        ``maintenance.vacuum_interval_s`` has passed since the last (or the start)."""
         now = now_ms()
+        upkeep = self.config.maintenance
+        vacuum = time.monotonic() - self._vacuumed_at >= upkeep.vacuum_interval_s
         self.tables.maintain(self.spark, TABLE_NAMES, hours_between(now - 3_600_000, now),
-                             vacuum_retention_hours=self.config.maintenance.vacuum_retention_hours)
+                             vacuum_retention_hours=upkeep.vacuum_retention_hours if vacuum
+                             else None)
+        if vacuum:
+            self._vacuumed_at = time.monotonic()
 
     def _warm_up_plan(self) -> None:
         """Run the submit query's request plan once over one all-null event read the way

@@ -73,6 +73,9 @@ def test_the_pipeline_runs_on_spark_connect_with_tables_and_checkpoints_on_s3(
         pipeline.start()
         try:
             answers = _answered(pipeline, _events(tmp_path, "c", 6))
+            # the micro-batch that appended the answers goes on to the record tables:
+            # let it (and any after it) finish before stopping
+            pipeline.process_all_available()
         finally:
             pipeline.stop()
     assert {a["answer_source"] for a in answers.values()} == {"llm"}

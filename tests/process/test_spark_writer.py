@@ -99,6 +99,7 @@ def test_delta_on_spark_answers_once_into_catalog_tables(spark, tmp_path: Path) 
         f"SHOW TBLPROPERTIES {names['answers']}").collect()}
     assert props["delta.enableDeletionVectors"] == "false"  # deltalake reads it too
     assert props["delta.enableChangeDataFeed"] == "true"
+    assert props["delta.autoOptimize.autoCompact"] == "true"  # it compacts as it writes
 
 
 def test_each_writer_continues_and_reads_the_others_tables(spark, tmp_path: Path) -> None:
@@ -127,10 +128,56 @@ def test_each_writer_continues_and_reads_the_others_tables(spark, tmp_path: Path
     assert len(after) == 8 and {a["answer_source"] for a in after.values()} == {"llm"}
     answers = DeltaTable(str(tmp_path / "tables" / "answers")).to_pyarrow_table()
     assert sorted(answers.column("event_id").to_pylist()) == sorted(after)
+    for name in ("answers", "requests"):  # made by delta-rs without it: turned on at start
+        props = {r["key"]: r["value"] for r in spark.sql(
+            f"SHOW TBLPROPERTIES delta.`{tmp_path / 'tables' / name}`").collect()}
+        assert props.get("delta.autoOptimize.autoCompact") == "true", name
     requests = spark.read.format("delta").load(str(tmp_path / "tables" / "requests"))
     # the new checkpoint read the landing folder's old files again: their requests were
     # recorded twice (the sidecar acknowledged the repeats as duplicates), answered once
     assert requests.select("request_id").distinct().count() == 8
+
+
+def test_delta_on_spark_compacts_as_it_writes_and_vacuums_only_when_asked(
+        spark, tmp_path: Path) -> None:
+    """The writer's own appends compact a partition once it holds Delta's
+    ``autoCompact.minNumFiles`` small files (4 here; 50 by default): a post-commit step of
+    the same write, so no second writer (a scheduled OPTIMIZE) commits beside the
+    streaming ones and nothing conflicts. ``maintain`` rewrites nothing and vacuums only
+    when given a retention."""
+    from pyspark.sql import functions as F
+
+    from spark_ext.config import OutputConfig
+    from spark_ext.l4.writers.spark import SparkWriter
+
+    writer = SparkWriter(OutputConfig(out_dir=str(tmp_path / "tables"),
+                                      checkpoint_dir=str(tmp_path / "ckpt")), ("event_id",))
+    where = f"delta.`{tmp_path / 'tables' / 'requests'}`"
+    spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
+    try:
+        for version in range(6):
+            rows = spark.range(10 * version, 10 * version + 10).select(
+                F.col("id").cast("string").alias("request_id"),
+                F.lit("2026-12-02T16").alias("enqueue_hour")).coalesce(1)
+            writer.append("requests", rows, app_id="compaction-test", version=version)
+    finally:
+        spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
+    history = spark.sql(f"DESCRIBE HISTORY {where}").collect()
+    compactions = [h for h in history if h["operation"] == "OPTIMIZE"]
+    assert compactions and all(h["operationParameters"].get("auto") == "true"
+                               for h in compactions)
+    detail = spark.sql(f"DESCRIBE DETAIL {where}").collect()[0]
+    assert detail["numFiles"] < 6  # six one-file appends, compacted on the way
+    assert spark.read.format("delta").load(str(tmp_path / "tables" / "requests")).count() == 60
+    assert writer.conflicts_retried == 0
+
+    versions = len(history)
+    writer.maintain(spark, ("requests",), ["2026-12-02T16"], vacuum_retention_hours=None)
+    assert len(spark.sql(f"DESCRIBE HISTORY {where}").collect()) == versions  # nothing
+    writer.maintain(spark, ("requests",), ["2026-12-02T16"], vacuum_retention_hours=168)
+    operations = [h["operation"] for h in spark.sql(f"DESCRIBE HISTORY {where}").collect()]
+    assert "OPTIMIZE" not in operations[:len(operations) - versions]
+    assert "VACUUM END" in operations  # the vacuum ran (nothing old enough to delete)
 
 
 @pytest.mark.slow

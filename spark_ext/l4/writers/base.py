@@ -151,8 +151,9 @@ class TableWriter(ABC):
 
     @abstractmethod
     def maintain(self, spark: Any, names: tuple[str, ...], hours: list[str], *,
-                 vacuum_retention_hours: int) -> None:
-        """Compact ``hours`` of each table and vacuum files past the retention."""
+                 vacuum_retention_hours: int | None) -> None:
+        """Keep each table's files few: compact ``hours`` where the writes do not, and
+        vacuum files past ``vacuum_retention_hours`` (``None``: no vacuum this time)."""
 
     @abstractmethod
     def version(self, spark: Any, name: str) -> int:

@@ -110,7 +110,7 @@ class DeltalakeWriter(TableWriter):
                 "updated": int(metrics.get("num_target_rows_updated") or 0)}
 
     def maintain(self, spark: Any, names: tuple[str, ...], hours: list[str], *,
-                 vacuum_retention_hours: int) -> None:
+                 vacuum_retention_hours: int | None) -> None:
         self.store.maintain(vacuum_retention_hours=vacuum_retention_hours)
 
 
