@@ -81,7 +81,25 @@ def _connect_session(remote: str, app_name: str) -> SparkSession:
         reason = next((line.strip() for line in str(e).splitlines() if line.strip()),
                       type(e).__name__)
         raise SparkStartError(f"Spark Connect at {remote} did not answer: {reason}") from e
+    quiet_connect_client()
     return session
+
+
+def quiet_connect_client() -> None:
+    """Keep the Spark Connect client's WARNING for a release that came after its session
+    was closed (``ReleaseExecute failed ... SESSION_CLOSED``: nothing is left to release,
+    printed at the end of every run that stops its session) off the log."""
+    client = logging.getLogger("pyspark.sql.connect.logging")
+    if not any(isinstance(f, _ClosedSessionReleaseNoise) for f in client.filters):
+        client.addFilter(_ClosedSessionReleaseNoise())
+
+
+class _ClosedSessionReleaseNoise(logging.Filter):
+    """Drop ``ReleaseExecute failed`` records whose session was already closed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("ReleaseExecute failed" in text and "SESSION_CLOSED" in text)
 
 
 def launch_jvm(conf: SparkConf) -> JavaGateway:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -163,10 +164,13 @@ def warm_up(spark: "SparkSession", config: PipelineConfig) -> None:
     """Run the fast path once over a tiny batch with one partition per core, so the Python
     workers load the embedding model (and open the knowledge base) before the first
     micro-batch: a cold worker spends tens of seconds on it, which would count against
-    the first events' deadlines."""
+    the first events' deadlines. It runs in the workers the streaming queries get
+    (:func:`spark_ext.worker_pool.warm_up_workers`; on Spark Connect a batch job's are
+    others), its rows under ``<checkpoint_dir>/fast-path-warm-up/``."""
     from pyspark.sql import functions as F
 
     from spark_ext.session import task_slots
+    from spark_ext.worker_pool import warm_up_workers
 
     n = task_slots(spark)
     # the rules may name columns of the events or features that this batch lacks
@@ -177,15 +181,21 @@ def warm_up(spark: "SparkSession", config: PipelineConfig) -> None:
     # opens nothing).
     df = spark.range(n, numPartitions=n).select(
         *[F.lit("normal" if c == "priority" else "hello").alias(c) for c in columns])
-    out = apply_fast_path(df, config)
-    # Spark pools its Python workers and hands an idle one to any Python operator of any
-    # query (the results source, the submission, this UDF), so a worker that never ran
-    # the UDF may get it inside a micro-batch and open the model and the knowledge base
-    # there (measured: 0.4-0.7 s each, in the first micro-batches). Each chained
-    # operator below holds a worker of its own while its task runs, and opens them too.
-    for _ in range(WARM_WORKERS_PER_TASK - 1):
-        out = out.mapInArrow(functools.partial(_open_then_pass, config), out.schema)
-    out.write.format("noop").mode("overwrite").save()
+
+    def build(rows: "DataFrame") -> "DataFrame":
+        out = apply_fast_path(rows, config)
+        # Spark pools its Python workers and hands an idle one to any Python operator of
+        # any query (the results source, the submission, this UDF), so a worker that
+        # never ran the UDF may get it inside a micro-batch and open the model and the
+        # knowledge base there (measured: 0.4-0.7 s each, in the first micro-batches).
+        # Each chained operator below holds a worker of its own while its task runs,
+        # and opens them too.
+        for _ in range(WARM_WORKERS_PER_TASK - 1):
+            out = out.mapInArrow(functools.partial(_open_then_pass, config), out.schema)
+        return out
+
+    tag = hashlib.sha1(f"{n}:{','.join(columns)}".encode()).hexdigest()[:10]
+    warm_up_workers(spark, df, build, config.output.checkpoint(f"fast-path-warm-up/{tag}"))
 
 
 #: Python workers per task slot that :func:`warm_up` opens the fast path in: the fast

@@ -5,14 +5,17 @@ S3-compatible server: moto), and delta-rs on ``s3://`` with ``storage_options``.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sidecar import write_text_atomically
 from sidecar.contract import PRIORITY_NAMES
 from spark_ext import PipelineConfig, StsPipeline
+from spark_ext.worker_pool import warm_up_workers
 from tests.utils import RemoteSidecar, wait_until
 
 pytestmark = pytest.mark.timeout(600)
@@ -115,3 +118,46 @@ def test_the_deltalake_writer_writes_its_tables_on_s3_with_storage_options(
     table = DeltaTable(f"{out_dir}/answers", storage_options=s3_server.storage_options)
     assert table.to_pyarrow_table().num_rows == 5
     assert not (tmp_path / "tables").exists(), "nothing is created as a local folder"
+
+
+def _note_worker_pool(folders: pd.Series) -> pd.Series:
+    """(A pandas UDF's body, run in the server's Python workers.) Mark, in each row's
+    folder, the worker pool this worker belongs to: Spark's job artifact UUID of its
+    environment (``default`` when it has none) and its process id."""
+    pool = os.environ.get("SPARK_JOB_ARTIFACT_UUID", "default")
+    for folder in set(folders):
+        (Path(folder) / f"{pool}-{os.getpid()}").touch()
+    return folders
+
+
+@pytest.mark.slow
+def test_a_warm_up_on_spark_connect_runs_in_the_python_workers_its_streams_get(
+        spark_connect, tmp_path: Path) -> None:
+    """On Spark Connect a client session's batch jobs get Python workers of their own
+    (the session's artifact UUID in their environment) and its streaming queries others:
+    the L1/L2 warm-up, run as a batch job, loaded the models where no micro-batch ran
+    (each first submit micro-batch then waited 12-14 s on a cold worker).
+    ``warm_up_workers`` runs in the streams' pool."""
+    from pyspark.sql import functions as F
+
+    note = F.pandas_udf(_note_worker_pool, "string")
+    warm, streamed = tmp_path / "warm-up", tmp_path / "stream"
+    warm.mkdir()
+    streamed.mkdir()
+    rows = spark_connect.range(2, numPartitions=2).select(F.lit(str(warm)).alias("folder"))
+    warm_up_workers(spark_connect, rows, lambda df: df.select(note("folder").alias("folder")),
+                    str(tmp_path / "scratch"))
+    query = (spark_connect.readStream.format("rate").option("rowsPerSecond", 2).load()
+             .select(note(F.lit(str(streamed))).alias("folder"))
+             .writeStream.format("noop").trigger(processingTime="1 second").start())
+    try:
+        wait_until(lambda: any(streamed.iterdir()), timeout_s=120, interval_s=0.5,
+                   what="a micro-batch's Python worker")
+    finally:
+        query.stop()
+
+    def pools(folder: Path) -> set[str]:
+        return {p.name.rsplit("-", 1)[0] for p in folder.iterdir()}
+
+    assert pools(warm) and pools(warm) == pools(streamed), \
+        f"warm-up workers {sorted(pools(warm))}, micro-batch workers {sorted(pools(streamed))}"
