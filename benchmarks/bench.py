@@ -69,6 +69,8 @@ class BenchOptions:
     kafka_bootstrap: str | None = None
     """``sts-kafka``: the brokers to use; ``None``: a local broker the bench starts in
     ``<out>/work/kafka`` (labelled ``local`` in the results)."""
+    kafka_results_reader: str = "driver"
+    """``sts-kafka``: ``kafka.results_reader`` of its pipeline (``driver`` or ``spark``)."""
 
 
 def _machine() -> dict:
@@ -200,6 +202,7 @@ def run_bench(opts: BenchOptions) -> dict:
             else None
         if kafka is not None:
             doc["kafka"] = {"cluster": kafka.cluster, "bootstrap_servers": kafka.bootstrap_servers,
+                            "results_reader": kafka.results_reader,
                             "sidecar": "a second sidecar, the same flags plus the kafka "
                                        "result channel; idle while the other schemes run"}
         if any(s != "engine" for s in schemes):
@@ -262,7 +265,8 @@ def _kafka_path(stack: contextlib.ExitStack, opts: BenchOptions, out: Path, work
         log_path=out / "sidecar-kafka.log", stop_timeout_s=30,
         security=ClientSecurity(token_file=str(token_file))))
     assert sidecar.client is not None
-    return KafkaPath(client=sidecar.client, bootstrap_servers=bootstrap, cluster=cluster)
+    return KafkaPath(client=sidecar.client, bootstrap_servers=bootstrap, cluster=cluster,
+                     results_reader=opts.kafka_results_reader)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -273,7 +277,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         duration_s=args.duration, schemes=[s for s in args.schemes.split(",") if s],
         trigger_s=args.trigger, out=args.out, knee=args.knee,
         sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed,
-        kafka_bootstrap=args.kafka_bootstrap, writer=args.writer)
+        kafka_bootstrap=args.kafka_bootstrap, writer=args.writer,
+        kafka_results_reader=args.kafka_results_reader)
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
         raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")

@@ -41,6 +41,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka-bootstrap", metavar="HOST:PORT[,...]",
                    help="sts-kafka: the Kafka cluster to use (default: a local broker the "
                         "bench starts, labelled local)")
+    p.add_argument("--kafka-results-reader", choices=["driver", "spark"], default="driver",
+                   help="sts-kafka: kafka.results_reader, who reads the result and ack topics "
+                        "(default: driver, one consumer on the driver; spark: Spark's Kafka "
+                        "source)")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -69,6 +69,8 @@ class KafkaPath:
     event_partitions: int = 2
     """Partitions of each run's events topic (the files source reads ~2 partitions of
     the due files on 2 cores)."""
+    results_reader: str = "driver"
+    """``kafka.results_reader`` of the pipeline: ``driver`` or ``spark``."""
 
 
 @dataclass
@@ -248,7 +250,8 @@ def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None
         client, channel = ctx.kafka.client, "kafka"
         source = {"format": "kafka", "schema": EVENT_SCHEMA,
                   "options": {"subscribe": events_topic, "startingOffsets": "earliest"}}
-        kafka = {"kafka": {"bootstrap_servers": ctx.kafka.bootstrap_servers}}
+        kafka = {"kafka": {"bootstrap_servers": ctx.kafka.bootstrap_servers,
+                           "results_reader": ctx.kafka.results_reader}}
     return PipelineConfig.from_dict({
         **kafka,
         "source": source,

@@ -8,6 +8,7 @@ network is used. The step is idempotent: a complete folder is reused.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -80,6 +81,16 @@ def prepare_default_model(cache_dir: Path | None = None, *, force: bool = False)
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    # The callers print their own progress ("Preparing the model ... done in 21 s");
+    # transformers' bars (weights, shards, and the GGUF tensors' own tqdm, which the
+    # switch does not reach) would only repeat it as carriage-return noise in logs.
+    transformers_logging.disable_progress_bar()
+    gguf_tqdm = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
 
     def convert(tmp: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
@@ -101,6 +112,9 @@ def prepare_default_model(cache_dir: Path | None = None, *, force: bool = False)
         write_folder_atomically(target, convert, replace=True)
     except Exception as e:
         raise ModelPreparationError(f"converting {gguf_path} failed: {e}") from e
+    finally:
+        transformers_logging.enable_progress_bar()
+        gguf_utils.tqdm = gguf_tqdm
     return target
 
 

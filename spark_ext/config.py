@@ -157,8 +157,21 @@ class KafkaConfig:
     ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location`` (README "Kafka")."""
 
     producer: dict[str, str] = field(default_factory=dict)
-    """librdkafka settings of the driver's Python producer (the answers topic), e.g.
-    ``security.protocol``, ``sasl.mechanism``, ``sasl.username``, ``sasl.password``."""
+    """librdkafka settings of the driver's Python clients (the answers topic's producer,
+    the result topics' consumer), e.g. ``security.protocol``, ``sasl.mechanism``,
+    ``sasl.username``, ``sasl.password``."""
+
+    results_reader: Literal["driver", "spark"] = "driver"
+    """Who reads the result topics and the acks topic for the answers query: ``driver``
+    (one consumer in the driver's Python process, no Spark task per micro-batch: the
+    least latency per answer for one pipeline's results, :mod:`spark_ext.sources.kafka_channel`)
+    or ``spark`` (Spark's Kafka source, one task per partition: for result rates one
+    process cannot read)."""
+
+    def __post_init__(self) -> None:
+        if self.results_reader not in ("driver", "spark"):
+            raise PipelineConfigError(f"kafka.results_reader: {self.results_reader!r} is not "
+                                      "one of driver, spark")
 
     def spark_options(self) -> dict[str, str]:
         """The options every Spark Kafka reader and writer gets."""

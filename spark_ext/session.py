@@ -19,6 +19,9 @@ from pyspark.sql import SparkSession
 
 from spark_ext.exceptions import SparkStartError
 from spark_ext.jvm_packages import DEFAULT_FEATURES, JvmFeature, session_conf
+from spark_ext.worker_pool import is_connect
+
+logger = logging.getLogger(__name__)
 
 #: JVM options of a local session: the quick (C1) JIT compiler only. The optimising
 #: one (C2) spent ~40 % of the Spark core compiling in the first minute of
@@ -68,6 +71,7 @@ def local_session(app_name: str, *, cores: int = 2,
                       type(e).__name__)
         raise SparkStartError(f"Spark did not start: {reason}") from e
     session.sparkContext.setLogLevel("ERROR")
+    quiet_jvm_loggers(session)
     quiet_py4j()
     return session
 
@@ -177,6 +181,26 @@ def pin_python_workers() -> None:
     4.3 takes their command from ``PYSPARK_PYTHON``)."""
     if not os.environ.get("PYSPARK_PYTHON"):
         os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
+#: Spark's JVM loggers whose WARN lines need no action in a streaming job: the state
+#: store coordinator's "Snapshot Lag" reports (Spark 4.1+: a ledger bucket of the
+#: answers query that had nothing new to snapshot lately looks "behind").
+QUIET_JVM_LOGGERS = ("org.apache.spark.sql.execution.streaming.state.StateStoreCoordinator",)
+
+
+def quiet_jvm_loggers(spark: SparkSession) -> None:
+    """Set :data:`QUIET_JVM_LOGGERS` to ERROR in a classic session's JVM (best effort;
+    nothing on Spark Connect, whose server logs on its own)."""
+    jvm = None if is_connect(spark) else getattr(spark.sparkContext, "_jvm", None)
+    if jvm is None:
+        return
+    try:
+        error = jvm.org.apache.logging.log4j.Level.ERROR
+        for name in QUIET_JVM_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, error)
+    except Exception:  # noqa: BLE001 - another logging backend: keep its WARN lines
+        logger.debug("Could not quiet the JVM loggers.", exc_info=True)
 
 
 def quiet_py4j() -> None:

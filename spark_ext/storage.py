@@ -11,13 +11,22 @@ from spark_ext.uris import is_local_uri, local_path
 
 
 def exists(spark: SparkSession, uri: str) -> bool:
-    """Whether ``uri`` (a file or a folder) exists."""
+    """Whether ``uri`` (a file or a folder) exists. A local path is asked of the file
+    system (Spark would log a WARN with a Java stack trace for a missing one); on Spark
+    Connect, the client's ERROR log of the expected failure is kept off the log."""
+    import logging
+
     if is_local_uri(uri):
         return local_path(uri).exists()
+    connect_log = logging.getLogger("pyspark.sql.connect.logging")
+    level = connect_log.level
+    connect_log.setLevel(logging.CRITICAL)
     try:
         spark.read.format("binaryFile").load(uri).select("path").limit(1).collect()
     except Exception:  # noqa: BLE001 - Spark raises PATH_NOT_FOUND for a missing path
         return False
+    finally:
+        connect_log.setLevel(level)
     return True
 
 

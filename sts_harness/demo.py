@@ -574,6 +574,31 @@ def _run_until_answered(opts: DemoOptions, out: Path, sidecar, pipeline, replaye
     return failure
 
 
+def fast_path_from_answers(answers: list[dict]) -> dict:
+    """L1/L2's figures (:meth:`FastPathStats.summary`) from the answers rows, for a run
+    whose counts stayed elsewhere (on Spark Connect the answers batch counts them in the
+    server's Python process): the route from ``answer_source`` (``kb``, ``rule``, else
+    ``llm``), the hits from ``kb_ids``; no mean score (the answers do not keep it).
+
+    Example:
+        >>> fast_path_from_answers([{"answer_source": "kb", "kb_ids": ["f1"]},
+        ...                         {"answer_source": "llm", "kb_ids": []}])["routes"]
+        {'kb': 1, 'llm': 1}
+    """
+    import pyarrow as pa
+
+    from spark_ext.l2.fast_path import FastPathStats
+
+    stats = FastPathStats()
+    stats.add(pa.table({
+        "route": [a["answer_source"] if a["answer_source"] in _ANSWERED_BY_L1L2 else "llm"
+                  for a in answers],
+        "kb_ids": pa.array([a.get("kb_ids") for a in answers], pa.list_(pa.string()))}))
+    summary = stats.summary()
+    summary["mean_top_score"] = None
+    return summary
+
+
 def summary_columns(pipeline) -> list[str]:
     """The answers table's columns the summary reads: every one but the answer's text,
     which is most of a row's bytes (the summary of a long run reads hundreds of
@@ -598,8 +623,11 @@ def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
     except Exception:  # the sidecar is gone
         stats = {}
     answers = pipeline.store.read("answers", summary_columns(pipeline)).to_pylist()
+    fast_path = pipeline.fast_path_stats.summary() if opts.l1l2 else None
+    if fast_path is not None and not fast_path["events"] and answers:  # counted elsewhere
+        fast_path = fast_path_from_answers(answers)
     summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats,
-                        fast_path=pipeline.fast_path_stats.summary() if opts.l1l2 else None)
+                        fast_path=fast_path)
     summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")
                                         .to_pylist(), mode=opts.rollout,
                                         canary_share=opts.canary_share)

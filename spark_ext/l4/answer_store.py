@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from spark_ext.l4.answers import PARTITION, hour_of, hours_between
+from spark_ext.l4.replays import HISTORY_LOOKBACK, append_marker, last_marked
 from spark_ext.uris import is_local_uri, join_uri
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class AnswerStore:
         self.stats = StoreStats()
         self._lock = threading.RLock()
         self._tables: dict[str, DeltaTable] = {}
+        self._marked: set[str] = set()
+        """App ids whose replay markers (:mod:`spark_ext.l4.replays`) were looked up."""
 
     # ----------------------------------------------------------------- tables
 
@@ -123,9 +126,15 @@ class AnswerStore:
         rows = with_partition(_views_to_strings(rows))
         with self._lock:
             if name in self._tables or self.exists(name):
-                done = self._table(name).transaction_version(app_id)
+                table = self._table(name)
+                done = table.transaction_version(app_id)
+                if app_id not in self._marked:  # a table Delta on Spark appended to
+                    marked = last_marked([c.get("userMetadata") for c in
+                                          table.history(HISTORY_LOOKBACK)], app_id)
+                    done = max(d for d in (done, marked, -1) if d is not None)
                 if done is not None and done >= version:
                     self.stats.skipped_replays += 1
+                    self._marked.add(app_id)
                     return False
             start = time.perf_counter()
             target = self._tables.get(name)
@@ -134,7 +143,10 @@ class AnswerStore:
             write_deltalake(data=rows, mode="append", partition_by=[PARTITION],
                             schema_mode="merge", **where,
                             commit_properties=CommitProperties(
-                                app_transactions=[Transaction(app_id, version)]))
+                                app_transactions=[Transaction(app_id, version)],
+                                custom_metadata={"userMetadata": append_marker(app_id,
+                                                                               version)}))
+            self._marked.add(app_id)
             self.stats.last_append_ms = (time.perf_counter() - start) * 1000
             self.stats.appends += 1
         return True

@@ -56,23 +56,28 @@ def _fail(part: str, e: BaseException, log: str, code: int = 1) -> int:
 
 def _session(app_name: str, log_level: str):  # -> SparkSession (pyspark imported lazily)
     """The submitted session; in local mode its Python workers run this interpreter
-    (the job's venv) unless ``PYSPARK_PYTHON`` says otherwise. Delta's log reads in
-    few partitions unless the submit says otherwise (see ``spark_ext.jvm_packages``)."""
+    (the job's venv) unless ``PYSPARK_PYTHON`` says otherwise. Unless the submit says
+    otherwise, Delta's log reads in few partitions (see ``spark_ext.jvm_packages``) and
+    Spark logs at ``log_level`` from the SparkContext's start on (``spark.log.level``:
+    ``setLogLevel`` after the start would let its ~50 INFO lines through first)."""
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     from spark_ext.jvm_packages import DELTA_SESSION_CONF
-    from spark_ext.session import pin_python_workers, quiet_py4j
+    from spark_ext.session import pin_python_workers, quiet_jvm_loggers, quiet_py4j
 
     conf = SparkConf()
     if conf.get("spark.master", "local").startswith("local"):
         pin_python_workers()
     builder = SparkSession.builder.appName(app_name)
     partitions = "spark.databricks.delta.snapshotPartitions"
-    if not conf.contains(partitions):
-        builder = builder.config(partitions, DELTA_SESSION_CONF[partitions])
+    defaults = {partitions: DELTA_SESSION_CONF[partitions], "spark.log.level": log_level}
+    for key, value in defaults.items():
+        if not conf.contains(key):
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    quiet_jvm_loggers(spark)
     quiet_py4j()
     return spark
 

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from pyspark.sql import DataFrame, SparkSession
 
+from spark_ext import storage
 from spark_ext.sources.base import EventSource
 from spark_ext.uris import is_local_uri
 
@@ -32,7 +33,7 @@ class FileEventSource(EventSource):
         read back with the source's reader; an existing file there is reused, nothing is
         ever overwritten."""
         src = self.config
-        if not _exists(spark, folder):
+        if not storage.exists(spark, folder):
             schema = spark.createDataFrame([], src.schema).schema
             event = spark.createDataFrame([(None,) * len(schema)], schema)
             event.write.mode("error").format(src.format).save(folder)
@@ -47,21 +48,3 @@ class RateEventSource(EventSource):
 
     def read_stream(self, spark: SparkSession) -> DataFrame:
         return spark.readStream.format("rate").options(**self.config.options).load()
-
-
-def _exists(spark: SparkSession, path: str) -> bool:
-    """Whether ``path`` exists, on whatever file system Spark reaches it (no JVM gateway
-    needed: a listing that fails means it does not). The Spark Connect client logs every
-    failed call as an ERROR with traceback; this expected one is kept off the log."""
-    import logging
-
-    connect_log = logging.getLogger("pyspark.sql.connect.logging")
-    level = connect_log.level
-    connect_log.setLevel(logging.CRITICAL)
-    try:
-        spark.read.format("binaryFile").load(path).select("path").limit(1).collect()
-    except Exception:  # noqa: BLE001 - Spark raises PATH_NOT_FOUND for a missing path
-        return False
-    finally:
-        connect_log.setLevel(level)
-    return True

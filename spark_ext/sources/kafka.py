@@ -298,12 +298,24 @@ def read_result_topics(spark: SparkSession, config: PipelineConfig) -> DataFrame
 
 def read_channel_topics(spark: SparkSession, config: PipelineConfig) -> DataFrame:
     """The ``kafka`` channel as the answers query reads it: the result topics and the
-    acks topic (``sidecar.acks_topic``) in one Kafka source, each record as ``_topic``,
+    acks topic (``sidecar.acks_topic``) in one source, each record as ``_topic``,
     ``_key`` and ``_value`` (strings). Topics that do not exist yet are created first
-    (:func:`ensure_topics`)."""
+    (:func:`ensure_topics`). ``kafka.results_reader`` picks the reader: ``driver`` (one
+    consumer on the driver, :mod:`spark_ext.sources.kafka_channel`) or ``spark``
+    (Spark's Kafka source)."""
     topics = [*config.result_topics(), config.sidecar.acks_topic]
     ensure_topics(config.kafka.producer_config(), topics)
     options = {**result_topics_options(config), "subscribe": ",".join(topics)}
+    if config.kafka.results_reader == "driver":
+        import json
+
+        from spark_ext.sources.kafka_channel import SOURCE_NAME, register_kafka_channel_source
+
+        register_kafka_channel_source(spark)
+        return (spark.readStream.format(SOURCE_NAME)
+                .option("topics", options["subscribe"])
+                .option("clientConfigSecret", json.dumps(config.kafka.producer_config()))
+                .option("startingTimestamp", options["startingTimestamp"]).load())
     records = spark.readStream.format("kafka").options(**options).load()
     return records.select(F.col("topic").alias("_topic"),
                           F.col("key").cast("string").alias("_key"),

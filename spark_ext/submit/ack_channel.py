@@ -141,8 +141,11 @@ def _producer(config: dict[str, str]) -> Any:
     key = json.dumps(config, sort_keys=True)
     with _producers_lock:
         if key not in _producers:
+            # A broker closing an idle connection is not worth a log line here (the
+            # worker's stderr is the job's console); failed deliveries fail the task.
             _producers[key] = Producer({"enable.idempotence": "true", "acks": "all",
-                                        "linger.ms": "2", **config})
+                                        "linger.ms": "2", "log.connection.close": "false",
+                                        **config})
         return _producers[key]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,10 @@ def test_spark_submit_route_answers_every_event(tmp_path: Path) -> None:
     assert "idle for 4 s, every request answered" in stdout, stdout[-2000:]
     assert "events 15," in stdout
     assert "the wrong python3 ran" not in stderr
+    # Spark's log is at WARN from the SparkContext's start on (spark.log.level), not
+    # only after it: just the three version lines come before it applies.
+    spark_info = re.findall(r"^\d\d/\d\d/\d\d \S+ INFO (\w+):", stderr, re.M)
+    assert set(spark_info) <= {"SparkContext"} and len(spark_info) <= 3, stderr[:3000]
 
     from deltalake import DeltaTable
 

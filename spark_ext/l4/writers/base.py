@@ -5,10 +5,10 @@ The answers query's micro-batch (:class:`~spark_ext.l4.answers_batch.AnswersBatc
 decides *what* goes to which table, in which order; a writer only knows *how*: it
 turns the ledger's output into frames of its own kind (:meth:`TableWriter.frames`:
 Spark DataFrames for Delta on Spark, Arrow tables for delta-rs) and appends or merges
-them. Appends are idempotent by Delta app transactions (``app_id`` = the query's run
-and the table, ``version`` = the batch id), so a replayed micro-batch writes nothing
-twice; a merge inserts a missing answer or upgrades a fallback, so it is idempotent by
-itself.
+them. Appends are idempotent by ``(app_id, version)`` (``app_id`` = the query's run
+and the table, ``version`` = the batch id: :func:`append_marker` in each commit, and
+Delta's app transaction), so a replayed micro-batch writes nothing twice; a merge
+inserts a missing answer or upgrades a fallback, so it is idempotent by itself.
 """
 
 from __future__ import annotations
