@@ -10,14 +10,30 @@ from pyspark.sql import SparkSession
 from spark_ext.uris import is_local_uri, local_path
 
 
+def _hadoop_path(spark: SparkSession, uri: str):
+    """``(file system, path)`` of ``uri`` through a classic session's JVM (Hadoop's
+    ``FileSystem``, with the session's settings); ``None`` on Spark Connect."""
+    from spark_ext.worker_pool import is_connect
+
+    if is_connect(spark):
+        return None
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
 def exists(spark: SparkSession, uri: str) -> bool:
-    """Whether ``uri`` (a file or a folder) exists. A local path is asked of the file
-    system (Spark would log a WARN with a Java stack trace for a missing one); on Spark
-    Connect, the client's ERROR log of the expected failure is kept off the log."""
+    """Whether ``uri`` (a file or a folder) exists: asked of the file system (a local
+    one, or Hadoop's in a classic session) where it can be, since Spark's reader logs a
+    WARN with a Java stack trace for a missing path; on Spark Connect through a read,
+    the client's ERROR log of the expected failure kept off the log."""
     import logging
 
     if is_local_uri(uri):
         return local_path(uri).exists()
+    if (found := _hadoop_path(spark, uri)) is not None:
+        fs, path = found
+        return bool(fs.exists(path))
     connect_log = logging.getLogger("pyspark.sql.connect.logging")
     level = connect_log.level
     connect_log.setLevel(logging.CRITICAL)
@@ -35,6 +51,9 @@ def has_files(spark: SparkSession, uri: str) -> bool:
     if is_local_uri(uri):
         folder = local_path(uri)
         return folder.is_dir() and any(p.is_file() for p in folder.rglob("*"))
+    if (found := _hadoop_path(spark, uri)) is not None:
+        fs, path = found
+        return bool(fs.exists(path) and fs.listFiles(path, True).hasNext())
     try:
         return bool(spark.read.format("binaryFile").option("recursiveFileLookup", "true")
                     .load(uri).select("path").limit(1).collect())
@@ -79,7 +98,8 @@ def unreachable(spark: SparkSession, uri: str) -> str | None:
     if is_local_uri(uri):
         return None
     try:
-        spark.read.format("binaryFile").load(uri).select("path").limit(1).collect()
+        if _hadoop_path(spark, uri) is None:  # Spark Connect: ask the server by a read
+            spark.read.format("binaryFile").load(uri).select("path").limit(1).collect()
     except Exception as e:  # noqa: BLE001 - most errors are a path not there yet
         text = str(e)
         if "No FileSystem for scheme" in text or "UnsupportedFileSystemException" in text:

@@ -56,22 +56,27 @@ def _fail(part: str, e: BaseException, log: str, code: int = 1) -> int:
 
 def _session(app_name: str, log_level: str):  # -> SparkSession (pyspark imported lazily)
     """The submitted session; in local mode its Python workers run this interpreter
-    (the job's venv) unless ``PYSPARK_PYTHON`` says otherwise. Unless the submit says
-    otherwise, Delta's log reads in few partitions (see ``spark_ext.jvm_packages``) and
-    Spark logs at ``log_level`` from the SparkContext's start on (``spark.log.level``:
-    ``setLogLevel`` after the start would let its ~50 INFO lines through first)."""
-    from pyspark import SparkConf
+    (the job's venv) unless ``PYSPARK_PYTHON`` says otherwise. Unless the submit sets
+    them: Spark logs at ``log_level`` from the SparkContext's start on
+    (``spark.log.level``: ``setLogLevel`` after the start would let its ~50 INFO lines
+    through first), and a submit that brings delta-spark's jar gets Delta's SQL
+    extension, catalog and few log partitions (``spark_ext.jvm_packages.DELTA_SESSION_CONF``),
+    so ``--packages "$(python -m spark_ext.jvm_packages)"`` alone makes the ``spark``
+    writer work."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     from spark_ext.jvm_packages import DELTA_SESSION_CONF
     from spark_ext.session import pin_python_workers, quiet_jvm_loggers, quiet_py4j
 
+    SparkContext._ensure_initialized()  # spark-submit's JVM: its conf is readable now
     conf = SparkConf()
     if conf.get("spark.master", "local").startswith("local"):
         pin_python_workers()
     builder = SparkSession.builder.appName(app_name)
-    partitions = "spark.databricks.delta.snapshotPartitions"
-    defaults = {partitions: DELTA_SESSION_CONF[partitions], "spark.log.level": log_level}
+    defaults = {"spark.log.level": log_level}
+    if _submitted_with_delta(conf):  # Delta's jar without its settings: add them
+        defaults.update(DELTA_SESSION_CONF)
     for key, value in defaults.items():
         if not conf.contains(key):
             builder = builder.config(key, value)
@@ -80,6 +85,19 @@ def _session(app_name: str, log_level: str):  # -> SparkSession (pyspark importe
     quiet_jvm_loggers(spark)
     quiet_py4j()
     return spark
+
+
+def _submitted_with_delta(conf) -> bool:
+    """Whether the submit brought delta-spark's jar (``--packages`` or ``--jars``).
+
+    Example:
+        >>> from pyspark import SparkConf
+        >>> conf = SparkConf(loadDefaults=False)
+        >>> _submitted_with_delta(conf.set("spark.jars.packages", "io.delta:delta-spark_2.13:4.4.0"))
+        True
+    """
+    jars = f"{conf.get('spark.jars.packages', '')},{conf.get('spark.jars', '')}"
+    return "delta-spark" in jars
 
 
 def _default_log(config) -> str:

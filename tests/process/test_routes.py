@@ -40,7 +40,9 @@ def _path_with_a_wrong_python3(tmp_path: Path) -> dict[str, str]:
 def test_spark_submit_route_answers_every_event(tmp_path: Path) -> None:
     """The README's sequence: a sidecar, ``sts events`` into the config's landing
     folder, ``spark-submit spark_ext/pipeline/job.py --until-idle``: it stops by itself with one
-    answer per event, paths resolved from the config file's folder."""
+    answer per event, paths resolved from the config file's folder. Submitted with
+    ``--packages "$(python -m spark_ext.jvm_packages)"`` and nothing else, the job runs
+    the deployed writer (``auto`` -> Delta on Spark): it adds Delta's settings itself."""
     conf = tmp_path / "conf"
     conf.mkdir()
     config = yaml.safe_load((REPO / "conf" / "pipeline.yaml").read_text())
@@ -51,7 +53,10 @@ def test_spark_submit_route_answers_every_event(tmp_path: Path) -> None:
         (conf / "pipeline.yaml").write_text(yaml.safe_dump(config))
         job_env = dict(env, PYSPARK_DRIVER_PYTHON=sys.executable)
         log = open(tmp_path / "job.log", "w")  # Spark's stderr is long: not a pipe
+        from spark_ext.jvm_packages import packages
+
         job = subprocess.Popen([str(BIN / "spark-submit"), "--master", "local[2]",
+                                "--packages", ",".join(packages(("kafka", "delta"))),
                                 str(REPO / "spark_ext" / "pipeline" / "job.py"), "--config",
                                 str(conf / "pipeline.yaml"), "--until-idle", "4",
                                 "--progress", "1", "--timeout", "240"],
@@ -76,6 +81,7 @@ def test_spark_submit_route_answers_every_event(tmp_path: Path) -> None:
         stdout = "".join(lines) + rest
     assert job.returncode == 0, stderr[-3000:]
     assert "idle for 4 s, every request answered" in stdout, stdout[-2000:]
+    assert "(writer spark)" in stdout, stdout[:2000]
     assert "events 15," in stdout
     assert "the wrong python3 ran" not in stderr
     # Spark's log is at WARN from the SparkContext's start on (spark.log.level), not
