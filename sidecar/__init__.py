@@ -2,93 +2,91 @@
 
 Public names, re-exported from their modules: what other packages (the Spark side,
 the harness, the benchmarks) may use besides :mod:`sidecar.contract`,
-:mod:`sidecar.client` and the generated :mod:`sidecar.pb`.
+:mod:`sidecar.client` and the generated :mod:`sidecar.pb`. They are loaded on first
+use (:func:`lazy_exports`), so a Spark Python worker that needs one helper (say
+:func:`percentiles`) does not load the gateway's admission, config and engines.
 """
 
-# From sidecar.admission
-from sidecar.admission import Ack, DedupeWindow
+from __future__ import annotations
 
-# From sidecar.atomic_files
-from sidecar.atomic_files import (
-    write_atomically,
-    write_folder_atomically,
-    write_parquet_atomically,
-    write_text_atomically,
-)
+from typing import TYPE_CHECKING
 
-# From sidecar.client
-from sidecar.client import SidecarClient, request_to_proto
-
-# From sidecar.config
-from sidecar.config import (
-    EngineConfig,
-    KafkaChannelConfig,
-    ResultChannelConfig,
-    SchedulerConfig,
-    ServerConfig,
-    SidecarConfig,
-)
-
-# From sidecar.config_files
-from sidecar.config_files import as_dataclass, build_sections, read_yaml
-
-# From sidecar.contract
-from sidecar.contract import RESULT_SCHEMA
-
-# From sidecar.credentials
-from sidecar.credentials import (
-    TOKEN_METADATA_KEY,
-    ClientSecurity,
-    read_pem,
-    read_token,
-    security_fields,
-)
-
-# From sidecar.engines.registry
-from sidecar.engines.registry import ENGINE_KINDS
-
-# From sidecar.event_loop
-from sidecar.event_loop import EVENT_LOOPS
-
-# From sidecar.exceptions
-from sidecar.exceptions import ConfigError, SidecarError, one_line
-
-# From sidecar.lazy_exports
 from sidecar.lazy_exports import lazy_exports
 
-# From sidecar.model_prep
-from sidecar.model_prep import prepare_default_model
-
-# From sidecar.otel
-from sidecar.otel import Tracing, otel_environment, start_tracing, tracing_requested
-
-# From sidecar.percentiles
-from sidecar.percentiles import percentile, percentiles
-
-# From sidecar.result_channels.registry
-from sidecar.result_channels.registry import RESULT_CHANNEL_KINDS
-
-# From sidecar.shipped
-from sidecar.shipped import conf_dir
+#: Public name -> the module it comes from.
+_EXPORTS = {
+    # From sidecar.admission
+    "Ack": "sidecar.admission",
+    "DedupeWindow": "sidecar.admission",
+    # From sidecar.atomic_files
+    "write_atomically": "sidecar.atomic_files",
+    "write_folder_atomically": "sidecar.atomic_files",
+    "write_parquet_atomically": "sidecar.atomic_files",
+    "write_text_atomically": "sidecar.atomic_files",
+    # From sidecar.client
+    "SidecarClient": "sidecar.client",
+    "request_to_proto": "sidecar.client",
+    # From sidecar.config
+    "EngineConfig": "sidecar.config",
+    "KafkaChannelConfig": "sidecar.config",
+    "ResultChannelConfig": "sidecar.config",
+    "SchedulerConfig": "sidecar.config",
+    "ServerConfig": "sidecar.config",
+    "SidecarConfig": "sidecar.config",
+    # From sidecar.config_files
+    "as_dataclass": "sidecar.config_files",
+    "build_sections": "sidecar.config_files",
+    "read_yaml": "sidecar.config_files",
+    # From sidecar.contract
+    "RESULT_SCHEMA": "sidecar.contract",
+    # From sidecar.credentials
+    "TOKEN_METADATA_KEY": "sidecar.credentials",
+    "ClientSecurity": "sidecar.credentials",
+    "read_pem": "sidecar.credentials",
+    "read_token": "sidecar.credentials",
+    "security_fields": "sidecar.credentials",
+    # From sidecar.engines.registry
+    "ENGINE_KINDS": "sidecar.engines.registry",
+    # From sidecar.event_loop
+    "EVENT_LOOPS": "sidecar.event_loop",
+    # From sidecar.exceptions
+    "ConfigError": "sidecar.exceptions",
+    "SidecarError": "sidecar.exceptions",
+    "one_line": "sidecar.exceptions",
+    # From sidecar.model_prep
+    "prepare_default_model": "sidecar.model_prep",
+    # From sidecar.otel
+    "Tracing": "sidecar.otel",
+    "otel_environment": "sidecar.otel",
+    "start_tracing": "sidecar.otel",
+    "tracing_requested": "sidecar.otel",
+    # From sidecar.quantiles
+    "percentile": "sidecar.quantiles",
+    "percentiles": "sidecar.quantiles",
+    # From sidecar.result_channels.registry
+    "RESULT_CHANNEL_KINDS": "sidecar.result_channels.registry",
+    # From sidecar.shipped
+    "conf_dir": "sidecar.shipped",
+}
 
 __all__ = [
-    "ENGINE_KINDS",
-    "EVENT_LOOPS",
-    "RESULT_CHANNEL_KINDS",
-    "RESULT_SCHEMA",
-    "TOKEN_METADATA_KEY",
     "Ack",
     "ClientSecurity",
     "ConfigError",
     "DedupeWindow",
+    "ENGINE_KINDS",
+    "EVENT_LOOPS",
     "EngineConfig",
     "KafkaChannelConfig",
+    "RESULT_CHANNEL_KINDS",
+    "RESULT_SCHEMA",
     "ResultChannelConfig",
     "SchedulerConfig",
     "ServerConfig",
     "SidecarClient",
     "SidecarConfig",
     "SidecarError",
+    "TOKEN_METADATA_KEY",
     "Tracing",
     "as_dataclass",
     "build_sections",
@@ -111,3 +109,23 @@ __all__ = [
     "write_parquet_atomically",
     "write_text_atomically",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
+    from sidecar.admission import Ack, DedupeWindow
+    from sidecar.atomic_files import write_atomically, write_folder_atomically, write_parquet_atomically, write_text_atomically
+    from sidecar.client import SidecarClient, request_to_proto
+    from sidecar.config import EngineConfig, KafkaChannelConfig, ResultChannelConfig, SchedulerConfig, ServerConfig, SidecarConfig
+    from sidecar.config_files import as_dataclass, build_sections, read_yaml
+    from sidecar.contract import RESULT_SCHEMA
+    from sidecar.credentials import TOKEN_METADATA_KEY, ClientSecurity, read_pem, read_token, security_fields
+    from sidecar.engines.registry import ENGINE_KINDS
+    from sidecar.event_loop import EVENT_LOOPS
+    from sidecar.exceptions import ConfigError, SidecarError, one_line
+    from sidecar.model_prep import prepare_default_model
+    from sidecar.otel import Tracing, otel_environment, start_tracing, tracing_requested
+    from sidecar.quantiles import percentile, percentiles
+    from sidecar.result_channels.registry import RESULT_CHANNEL_KINDS
+    from sidecar.shipped import conf_dir

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from sidecar.contract import STATUSES, Priority, RefusalReason
 from sidecar.engines import EngineStats
-from sidecar.percentiles import percentile
+from sidecar.quantiles import percentile
 from sidecar.request_state import ResultRecord
 from sidecar.result_channels.base import ResultChannelStats
 

@@ -19,9 +19,18 @@ from pyspark.sql import SparkSession
 
 from spark_ext.exceptions import SparkStartError
 from spark_ext.jvm_packages import DEFAULT_FEATURES, JvmFeature, session_conf
-from spark_ext.worker_pool import is_connect
 
 logger = logging.getLogger(__name__)
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client session."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # pragma: no cover - the Connect extras are not installed
+        return False
+    return isinstance(spark, ConnectSession)
+
 
 #: JVM options of a local session: the quick (C1) JIT compiler only. The optimising
 #: one (C2) spent ~40 % of the Spark core compiling in the first minute of

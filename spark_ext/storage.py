@@ -13,7 +13,7 @@ from spark_ext.uris import is_local_uri, local_path
 def _hadoop_path(spark: SparkSession, uri: str):
     """``(file system, path)`` of ``uri`` through a classic session's JVM (Hadoop's
     ``FileSystem``, with the session's settings); ``None`` on Spark Connect."""
-    from spark_ext.worker_pool import is_connect
+    from spark_ext.session import is_connect
 
     if is_connect(spark):
         return None

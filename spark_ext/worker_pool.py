@@ -23,21 +23,13 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_ext import storage
+from spark_ext.session import is_connect
 
 logger = logging.getLogger(__name__)
 
 #: How long a warm-up query may run before it is stopped (a cold worker loads the
 #: models in tens of seconds on a slow machine).
 WARM_UP_TIMEOUT_S = 600.0
-
-
-def is_connect(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect client session."""
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-    except ImportError:  # pragma: no cover - the Connect extras are not installed
-        return False
-    return isinstance(spark, ConnectSession)
 
 
 def warm_up_workers(spark: SparkSession, rows: DataFrame,
