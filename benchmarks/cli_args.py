@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from sidecar import ENGINE_KINDS
+from sidecar import ENGINES
+from spark_ext.kinds import writer_choices
 
 SCHEMES: tuple[str, ...] = ("engine", "sts", "sts-kafka", "baseline-sync",
                              "baseline-concurrent")
@@ -18,7 +19,7 @@ DEFAULT_TOKENS_PER_S = 3400.0
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``sts bench``."""
     p.add_argument("--profile", default="cpu-small", help="conf/profiles/<name>.yaml or a path")
-    p.add_argument("--engine", choices=ENGINE_KINDS, default=ENGINE_KINDS[0])
+    p.add_argument("--engine", choices=ENGINES.names, default=ENGINES.default)
     p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
     p.add_argument("--rates", help="comma-separated offered events/s (default: profile x 0.5..4)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per run")
@@ -35,7 +36,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra `sts sidecar` argument (repeat), e.g. --sidecar-arg=--set "
                         "--sidecar-arg=engine.simulated.replicas=8")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--writer", choices=["auto", "spark", "deltalake"], default="auto",
+    p.add_argument("--writer", choices=writer_choices(), default="auto",
                    help="output.writer of the Spark schemes (auto: Delta on Spark where its "
                         "classes load, as a user gets)")
     p.add_argument("--kafka-bootstrap", metavar="HOST:PORT[,...]",

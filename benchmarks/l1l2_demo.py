@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sidecar import ENGINE_KINDS
+from sidecar import ENGINES
 from sts_harness.demo import DemoOptions, run_demo
 
 
@@ -43,7 +43,7 @@ def measure(engine: str, rate: float, duration: float, l1l2: bool, out: Path) ->
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.l1l2_demo", description=__doc__)
-    ap.add_argument("--engine", choices=ENGINE_KINDS, default="simulated")
+    ap.add_argument("--engine", choices=ENGINES.names, default="simulated")
     ap.add_argument("--rates", default="3,50", help="events/s, comma-separated")
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--settings", default="off,on", help="L1+L2 off and/or on")

@@ -40,7 +40,7 @@ import numpy as np
 from benchmarks.cpu_accounting import machine_info
 from benchmarks.generate import GeneratedRequest
 from benchmarks.loadgen import collect, report, send_on_schedule
-from sidecar import ENGINE_KINDS, SidecarConfig, percentile, write_text_atomically
+from sidecar import ENGINES, SidecarConfig, percentile, write_text_atomically
 from sts_harness.process import SidecarProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: run both phases, print the table, write the JSON result."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overload",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=ENGINE_KINDS, default="simulated")
+    parser.add_argument("--engine", choices=ENGINES.names, default="simulated")
     parser.add_argument("--config", type=Path, default=REPO / "conf" / "sidecar.yaml")
     parser.add_argument("--factor", type=float, default=10.0, help="offered / capacity")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of overload")

@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 
 from benchmarks.cpu_accounting import machine_info, reference_cpu_ms
+from sidecar import ENGINES
 from sidecar.contract import now_ms
+from spark_ext.kinds import RESULT_READERS, writer_choices
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "soak"
 
@@ -352,12 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=60.0, help="minutes of replay")
-    p.add_argument("--engine", choices=("vllm", "simulated"), default="vllm")
+    p.add_argument("--engine", choices=ENGINES.names, default=ENGINES.default)
     p.add_argument("--rate", type=float, default=3.0, help="events/s (the demo's default)")
     p.add_argument("--every", type=float, default=60.0, help="seconds between samples")
-    p.add_argument("--source", choices=("files", "kafka"), default="files",
+    p.add_argument("--source", choices=RESULT_READERS.names, default=RESULT_READERS.default,
                    help="where events and results travel (the demo's --source)")
-    p.add_argument("--writer", choices=("deltalake", "spark", "auto"), default=None,
+    p.add_argument("--writer", choices=writer_choices(), default=None,
                    help="output.writer (default: the demo's)")
     p.add_argument("--no-l1l2", dest="l1l2", action="store_false",
                    help="L1 routing, L2 retrieval and the feature lookup off (every event to "

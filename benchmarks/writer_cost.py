@@ -25,10 +25,10 @@ from pathlib import Path
 
 from benchmarks.cpu_accounting import machine_info, reference_cpu_ms
 from sidecar.contract import now_ms
+from spark_ext.kinds import WRITERS
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "writer_cost"
 SEED_RATE = 200.0
-WRITERS = ("deltalake", "spark")
 
 
 class _Sampler(threading.Thread):
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default=f"{SEED_RATE:g},{4 * SEED_RATE:g}",
                    help="offered events/s, comma-separated (default: the seed rate and 4x it)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of replay per run")
-    p.add_argument("--writers", default=",".join(WRITERS),
+    p.add_argument("--writers", default=",".join(WRITERS.names),
                    help="comma-separated: deltalake, spark")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rates or min(rates) <= 0:
         p.error(f"--rates must be > 0, got {args.rates!r}")
     writers = [w.strip() for w in args.writers.split(",") if w.strip()]
-    if unknown := set(writers) - set(WRITERS):
+    if unknown := set(writers) - set(WRITERS.names):
         print(f"sts: unknown writers {sorted(unknown)} (benchmarks.writer_cost)", file=sys.stderr)
         return 2
 

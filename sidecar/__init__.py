@@ -45,8 +45,10 @@ _EXPORTS = {
     "read_pem": "sidecar.credentials",
     "read_token": "sidecar.credentials",
     "security_fields": "sidecar.credentials",
-    # From sidecar.engines.registry
-    "ENGINE_KINDS": "sidecar.engines.registry",
+    # From sidecar.kinds
+    "ENGINES": "sidecar.kinds",
+    "KindRegistry": "sidecar.kinds",
+    "RESULT_CHANNELS": "sidecar.kinds",
     # From sidecar.event_loop
     "EVENT_LOOPS": "sidecar.event_loop",
     # From sidecar.exceptions
@@ -63,8 +65,6 @@ _EXPORTS = {
     # From sidecar.quantiles
     "percentile": "sidecar.quantiles",
     "percentiles": "sidecar.quantiles",
-    # From sidecar.result_channels.registry
-    "RESULT_CHANNEL_KINDS": "sidecar.result_channels.registry",
     # From sidecar.shipped
     "conf_dir": "sidecar.shipped",
 }
@@ -74,11 +74,12 @@ __all__ = [
     "ClientSecurity",
     "ConfigError",
     "DedupeWindow",
-    "ENGINE_KINDS",
+    "ENGINES",
     "EVENT_LOOPS",
     "EngineConfig",
+    "KindRegistry",
     "KafkaChannelConfig",
-    "RESULT_CHANNEL_KINDS",
+    "RESULT_CHANNELS",
     "RESULT_SCHEMA",
     "ResultChannelConfig",
     "SchedulerConfig",
@@ -121,11 +122,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from sidecar.config_files import as_dataclass, build_sections, read_yaml
     from sidecar.contract import RESULT_SCHEMA
     from sidecar.credentials import TOKEN_METADATA_KEY, ClientSecurity, read_pem, read_token, security_fields
-    from sidecar.engines.registry import ENGINE_KINDS
+    from sidecar.kinds import ENGINES, RESULT_CHANNELS, KindRegistry
     from sidecar.event_loop import EVENT_LOOPS
     from sidecar.exceptions import ConfigError, SidecarError, one_line
     from sidecar.model_prep import prepare_default_model
     from sidecar.otel import Tracing, otel_environment, start_tracing, tracing_requested
     from sidecar.quantiles import percentile, percentiles
-    from sidecar.result_channels.registry import RESULT_CHANNEL_KINDS
     from sidecar.shipped import conf_dir

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sidecar.engines.registry import ENGINE_KINDS
+from sidecar.kinds import ENGINES
 
 if TYPE_CHECKING:
     from sidecar.credentials import ClientSecurity
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"YAML config (default: {DEFAULT_CONFIG} if it exists)")
     p.add_argument("--listen", help="host:port or unix:///path.sock")
     p.add_argument("--results-dir", help="landing directory for result Parquet files")
-    p.add_argument("--engine", choices=ENGINE_KINDS, help="engine kind")
+    p.add_argument("--engine", choices=ENGINES.names, help="engine kind")
     p.add_argument("--model", help="model folder (default: prepared SmolLM2)")
     p.add_argument("--max-in-flight", type=int, help="most requests inside the engine at once")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")

@@ -14,10 +14,9 @@ from typing import Any, ClassVar, Literal
 
 from sidecar.config_files import as_dataclass, build_sections, read_yaml
 from sidecar.contract import PRIORITY_NAMES
-from sidecar.engines.registry import ENGINE_KINDS, EngineKind
 from sidecar.event_loop import EVENT_LOOPS
 from sidecar.exceptions import ConfigError, one_line
-from sidecar.result_channels.registry import RESULT_CHANNEL_KINDS, ResultChannelKind
+from sidecar.kinds import ENGINES, RESULT_CHANNELS
 
 DeadlinePolicy = Literal["abort", "finish_and_backfill"]
 
@@ -26,9 +25,9 @@ DeadlinePolicy = Literal["abort", "finish_and_backfill"]
 class EngineConfig:
     """Which engine serves generation and how it is started."""
 
-    kind: EngineKind = "vllm"
-    """One of :data:`~sidecar.engines.registry.ENGINE_KINDS`: ``vllm`` (vLLM ``AsyncLLM`` in
-    process) or ``simulated`` (timing model, load tests only)."""
+    kind: str = ENGINES.default
+    """A name in :data:`sidecar.kinds.ENGINES`: ``vllm`` (vLLM ``AsyncLLM`` in process, the
+    default) or ``simulated`` (timing model, load tests only)."""
 
     model: str | None = None
     """Path of the model folder. ``None`` means the prepared SmolLM2 (``sts model prepare``)."""
@@ -46,8 +45,7 @@ class EngineConfig:
     """Keyword arguments for :class:`sidecar.engines.simulated.SimulatedEngineConfig`."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ENGINE_KINDS:
-            raise ValueError(f"{self.kind=} must be one of {ENGINE_KINDS}")
+        ENGINES.check(self.kind)
 
 
 @dataclass
@@ -385,8 +383,8 @@ class KafkaChannelConfig:
 class ResultChannelConfig:
     """Where result rows go."""
 
-    kind: ResultChannelKind = "files"
-    """One of :data:`~sidecar.result_channels.registry.RESULT_CHANNEL_KINDS`. ``files``:
+    kind: str = RESULT_CHANNELS.default
+    """A name in :data:`sidecar.kinds.RESULT_CHANNELS`. ``files`` (the default):
     Parquet files appended atomically to ``results_dir``; ``kafka``: records on a topic
     per priority (the ``kafka`` section; needs ``pip install 'sts-spark[kafka]'``)."""
 
@@ -404,8 +402,7 @@ class ResultChannelConfig:
     """The ``kafka`` channel's brokers, topics, buffer and producer settings."""
 
     def __post_init__(self) -> None:
-        if self.kind not in RESULT_CHANNEL_KINDS:
-            raise ValueError(f"{self.kind=} must be one of {RESULT_CHANNEL_KINDS}")
+        RESULT_CHANNELS.check(self.kind)
         if not 0 < self.flush_interval_s <= 0.2:
             raise ValueError(f"{self.flush_interval_s=} must be in (0, 0.2]")
         if self.max_rows_per_file < 1:

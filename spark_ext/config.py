@@ -13,21 +13,12 @@ from typing import Any, Literal, get_args
 from sidecar import ClientSecurity, build_sections, read_yaml
 from sidecar.contract import PRIORITY_NAMES
 from spark_ext.exceptions import PipelineConfigError
+from spark_ext.kinds import EVENT_SOURCES, RESULT_READERS, writer_choices
 from spark_ext.uris import join_uri, resolve_local
 
-#: L0 event source formats (``spark_ext.sources.events.EVENT_SOURCES`` reads each): file
-#: formats of a landing folder, Spark's ``rate`` source for load tests, a Kafka topic.
-SourceFormat = Literal["json", "parquet", "csv", "rate", "kafka"]
-SOURCE_FORMATS: tuple[str, ...] = get_args(SourceFormat)
-#: Where the sidecar writes results (its ``results.kind``) and the answers query reads
-#: them (``spark_ext.sources.results.RESULT_READERS``): a Parquet landing folder, or
-#: one Kafka topic per priority.
-ResultChannel = Literal["files", "kafka"]
-RESULT_CHANNELS: tuple[str, ...] = get_args(ResultChannel)
-#: Who writes the Delta tables (``output.writer``): Delta on Spark (the executors, by
-#: Spark's own Delta writer), delta-rs on the driver, or the first where it can.
-Writer = Literal["auto", "spark", "deltalake"]
-WRITERS: tuple[str, ...] = get_args(Writer)
+#: The event source formats registered when this module was imported (the built-in
+#: ones; :data:`spark_ext.kinds.EVENT_SOURCES` is the registry and always current).
+SOURCE_FORMATS: tuple[str, ...] = EVENT_SOURCES.names
 #: The pipeline's tables.
 TABLE_NAMES = ("requests", "results", "answers", "review_queue", "shadow_answers",
                "dead_letters")
@@ -87,9 +78,9 @@ def template_fields(text: str) -> list[str]:
 class SourceConfig:
     """L0: where events come from."""
 
-    format: SourceFormat = "json"
-    """File format of the landing directory, or ``rate`` for load tests (one of
-    :data:`SOURCE_FORMATS`)."""
+    format: str = EVENT_SOURCES.default
+    """A name in :data:`spark_ext.kinds.EVENT_SOURCES`: the file format of the landing
+    directory (``json``, ``parquet``, ``csv``), ``rate`` for load tests, or ``kafka``."""
 
     path: str = "./sts-demo/events"
     """Landing directory of event files."""
@@ -114,9 +105,7 @@ class SourceConfig:
     ``dead_letters`` table. ``None``: the key columns and the template's fields."""
 
     def __post_init__(self) -> None:
-        if self.format not in SOURCE_FORMATS:
-            raise PipelineConfigError(f"source.format must be one of {', '.join(SOURCE_FORMATS)} "
-                                      f"(got {self.format!r})")
+        EVENT_SOURCES.check(self.format)
         if self.format == "kafka":
             named = [o for o in KAFKA_TOPIC_OPTIONS if self.options.get(o)]
             if len(named) != 1:
@@ -280,7 +269,7 @@ class SidecarEndpointConfig:
     """The topic of the submit tasks' acks, with the ``kafka`` channel (keyed by
     ``request_id``; created when missing; pipelines may share it: each reads its own)."""
 
-    result_channel: ResultChannel = "files"
+    result_channel: str = RESULT_READERS.default
     """How results come back: ``files`` (the sidecar's Parquet landing folder,
     ``results_dir``) or ``kafka`` (the topics ``tagging.callback_topic`` names, one per
     priority, on the ``kafka`` section's cluster). Set the sidecar's ``results.kind`` to
@@ -336,9 +325,7 @@ class SidecarEndpointConfig:
 
     def __post_init__(self) -> None:
         self.security()  # the credential fields go together (checked, not read, here)
-        if self.result_channel not in RESULT_CHANNELS:
-            raise PipelineConfigError(f"sidecar.result_channel must be one of "
-                                      f"{', '.join(RESULT_CHANNELS)} (got {self.result_channel!r})")
+        RESULT_READERS.check(self.result_channel)
         if self.launch not in ("none", "lazy"):
             raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
         if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
@@ -586,7 +573,7 @@ class OutputConfig:
     metrics_addr: str = "127.0.0.1"
     """Address of ``/metrics``."""
 
-    writer: Writer = "auto"
+    writer: str = "auto"
     """Who writes the tables. ``spark``: Delta on Spark (``delta-spark``; Databricks has
     it): the executors write, appends are idempotent by ``txnAppId``/``txnVersion``, the
     answers and their backfill are one ``MERGE``, tables may be catalog names, and it is
@@ -606,9 +593,9 @@ class OutputConfig:
     object-store settings from the session (``spark.hadoop.fs.s3a.*``, ...)."""
 
     def __post_init__(self) -> None:
-        if self.writer not in WRITERS:
-            raise PipelineConfigError(f"output.writer must be one of {', '.join(WRITERS)} "
-                                      f"(got {self.writer!r})")
+        if self.writer not in writer_choices():
+            raise PipelineConfigError(f"output.writer: {self.writer!r} is not one of "
+                                      f"{', '.join(writer_choices())}")
         if unknown := set(self.tables) - set(TABLE_NAMES):
             raise PipelineConfigError(f"output.tables has unknown tables {sorted(unknown)}; "
                                       f"known: {', '.join(TABLE_NAMES)}")

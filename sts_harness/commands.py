@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from collections.abc import Callable
 
-from sidecar import ENGINE_KINDS
+from sidecar import ENGINES
+from spark_ext.kinds import RESULT_READERS, writer_choices
 
 #: What a command prints when the ``spark`` extra is not installed.
 SPARK_EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark]'"
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "kafka: each route its own)")
     demo.add_argument("--overwrite", action="store_true",
                       help="replace an earlier demo's output in --out")
-    demo.add_argument("--engine", choices=ENGINE_KINDS, default=ENGINE_KINDS[0],
+    demo.add_argument("--engine", choices=ENGINES.names, default=ENGINES.default,
                       help="the sidecar's engine (simulated: a timing model, for a quick look)")
     demo.add_argument("--max-tokens", type=positive(int), default=48,
                       help="max_tokens of each request")
@@ -43,12 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                       default="full", help="rollout.mode of the pipeline (README 'Rolling out')")
     demo.add_argument("--canary-share", type=float, default=0.1,
                       help="share of events the model answers with --rollout canary")
-    demo.add_argument("--source", choices=["files", "kafka"], default="files",
+    demo.add_argument("--source", choices=RESULT_READERS.names, default=RESULT_READERS.default,
                       help="events and results through files or Kafka topics")
     demo.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT",
                       help="with --source kafka: your cluster (default: a local broker "
                            "the demo starts for itself)")
-    demo.add_argument("--writer", choices=["deltalake", "spark", "auto"], default=None,
+    demo.add_argument("--writer", choices=writer_choices(), default=None,
                       help="output.writer: deltalake (delta-rs on the driver), spark (Delta "
                            "on Spark, what Databricks and Spark Connect run) or auto "
                            "(default: spark with SPARK_REMOTE set, else deltalake)")
@@ -66,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="replace an earlier sts validate's output in --out")
     validate.add_argument("--config", default=None, help="pipeline YAML (tagging, template, "
                           "validation, routing, sidecar)")
-    validate.add_argument("--engine", choices=ENGINE_KINDS, default=ENGINE_KINDS[0],
+    validate.add_argument("--engine", choices=ENGINES.names, default=ENGINES.default,
                           help="engine of the sidecar it starts")
     validate.add_argument("--endpoint", default=None,
                           help="use this running sidecar instead of starting one")

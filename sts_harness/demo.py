@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sidecar import percentiles
 from sidecar.contract import PRIORITY_NAMES
+from spark_ext.kinds import RESULT_READERS
 from sts_harness.hops import format_hops, hop_latencies
 from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
 
@@ -37,10 +38,6 @@ _OUTPUTS = ("events", "events-read", "results", "acks", "tables", "checkpoints",
             "summary.json", "sidecar.log", "demo.log", "l1l2", "kafka", "sidecar-token")
 
 logger = logging.getLogger(__name__)
-
-
-#: ``sts demo --source``: how events and results travel.
-DEMO_SOURCES = ("files", "kafka")
 
 
 def default_out(source: str) -> str:
@@ -119,8 +116,9 @@ class DemoOptions:
     """Called with the pipeline once it started (the soak samples it)."""
 
     def __post_init__(self) -> None:
-        if self.source not in DEMO_SOURCES:
-            raise ValueError(f"{self.source=} must be one of {', '.join(DEMO_SOURCES)}")
+        if self.source not in RESULT_READERS:  # the route: a result channel's name
+            raise ValueError(f"--source {self.source!r} must be one of "
+                             f"{', '.join(RESULT_READERS.names)}")
         if self.bootstrap_servers and self.source != "kafka":
             raise ValueError("--bootstrap-servers needs --source kafka")
         if not self.rate > 0:

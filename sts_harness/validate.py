@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from sidecar import ENGINE_KINDS
+from sidecar import ENGINES
 
 #: Marks a folder as written by ``sts validate``: only such a folder is ever replaced.
 MARKER = ".sts-validate"
@@ -48,7 +48,7 @@ class ValidateOptions:
     """Pipeline YAML (tagging, template, validation, routing, sidecar credentials)."""
 
     engine: str = "vllm"
-    """Engine of the sidecar this command starts (one of ``sidecar.ENGINE_KINDS``)."""
+    """Engine of the sidecar this command starts (a name in ``sidecar.ENGINES``)."""
 
     endpoint: str | None = None
     """Use this running sidecar instead of starting one (needs ``results_dir``)."""
@@ -78,8 +78,8 @@ class ValidateOptions:
             raise ValueError(f"--wave {self.wave} must be >= 1")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"--max-tokens {self.max_tokens} must be >= 1")
-        if self.engine not in ENGINE_KINDS:
-            raise ValueError(f"--engine {self.engine!r} must be one of {', '.join(ENGINE_KINDS)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine {self.engine!r} must be one of {', '.join(ENGINES.names)}")
 
 
 def _config(opts: ValidateOptions):  # -> PipelineConfig

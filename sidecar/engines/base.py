@@ -10,8 +10,12 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sidecar.contract import FinishReason
+
+if TYPE_CHECKING:
+    from sidecar.config import EngineConfig
 
 
 @dataclass(slots=True)
@@ -60,8 +64,14 @@ class EngineStats:
 class Engine(abc.ABC):
     """A continuous-batching generator the scheduler hands requests to."""
 
-    #: ``vllm`` or ``simulated``; written into stats so outputs are labelled.
+    #: Its name in :data:`sidecar.kinds.ENGINES`; written into stats so outputs are labelled.
     kind: str = ""
+
+    @classmethod
+    def from_config(cls, config: "EngineConfig") -> "Engine":
+        """The engine ``config`` (the ``engine`` section) describes; what
+        :func:`sidecar.engines.build_engine` calls on the registered class."""
+        return cls(config)  # type: ignore[call-arg]
 
     #: Independent batches the engine decodes (one per GPU). The scheduler's batch-size
     #: lever (``preemption.shrink_batch``) needs 1: it cannot shrink one GPU's batch of many.

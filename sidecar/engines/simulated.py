@@ -27,10 +27,14 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sidecar.contract import FinishReason
 from sidecar.engines.base import Engine, EngineProgress, EngineRequest, EngineStats
 from sidecar.exceptions import EngineDeadError
+
+if TYPE_CHECKING:
+    from sidecar.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +185,13 @@ class SimulatedEngine(Engine):
     """
 
     kind = "simulated"
+
+    @classmethod
+    def from_config(cls, config: "EngineConfig") -> Engine:
+        """One simulated GPU, or :class:`SimulatedCluster` for ``replicas`` > 1."""
+        sim = SimulatedEngineConfig(**config.simulated)
+        engine_class = SimulatedCluster if sim.replicas > 1 else SimulatedEngine
+        return engine_class(sim, served_model_name=config.served_model_name)
 
     def __init__(self, config: SimulatedEngineConfig | None = None, *,
                  served_model_name: str | None = None) -> None:

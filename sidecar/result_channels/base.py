@@ -23,7 +23,7 @@ import abc
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sidecar.request_state import ResultRecord
 
@@ -57,7 +57,14 @@ class ResultChannel(abc.ABC):
     loop and return at once."""
 
     kind: ClassVar[str]
-    """The channel kind, one of :data:`~sidecar.result_channels.registry.RESULT_CHANNEL_KINDS`."""
+    """Its name in :data:`sidecar.kinds.RESULT_CHANNELS`."""
+
+    @classmethod
+    def from_config(cls, config: Any, sidecar_id: str) -> "ResultChannel":
+        """The channel the ``results`` section describes (a ``ResultChannelConfig``),
+        writing as ``sidecar_id``: what :func:`sidecar.result_channels.build_result_channel`
+        calls on the registered class."""
+        return cls(config, sidecar_id)  # type: ignore[call-arg]
 
     bounded: ClassVar[bool] = False
     """Whether :meth:`room` is finite (admission checks it only then)."""

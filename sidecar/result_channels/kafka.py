@@ -80,6 +80,11 @@ class KafkaResultChannel(ResultChannel):
     kind = "kafka"
     bounded = True
 
+    @classmethod
+    def from_config(cls, config: Any, sidecar_id: str) -> "KafkaResultChannel":
+        """From the ``results`` section: its ``kafka`` part and flush interval."""
+        return cls(config.kafka, sidecar_id, flush_interval_s=config.flush_interval_s)
+
     def __init__(self, config: KafkaChannelConfig, sidecar_id: str, *,
                  flush_interval_s: float = 0.2) -> None:
         ck = _confluent_kafka()

@@ -1,11 +1,9 @@
-"""L0: the interface of an events source (one class per ``source.format``, listed in
-:data:`spark_ext.sources.events.EVENT_SOURCES`)."""
+"""L0: the interface of an events source (a class per ``source.format``, registered in
+:data:`spark_ext.kinds.EVENT_SOURCES`)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
-
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_ext.config import PipelineConfig
@@ -20,9 +18,6 @@ class EventSource(ABC):
             :meth:`~spark_ext.config.PipelineConfig.required_event_fields`; a source
             that can tell sets records without them aside as dead letters.
     """
-
-    formats: ClassVar[tuple[str, ...]]
-    """The ``source.format`` values this class reads."""
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config.source

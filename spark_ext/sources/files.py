@@ -16,7 +16,6 @@ class FileEventSource(EventSource):
     ``source.schema`` (a streaming file source never infers it), at most
     ``maxFilesPerTrigger`` (default 50) files a micro-batch."""
 
-    formats = ("json", "parquet", "csv")
     DEFAULT_OPTIONS: ClassVar[dict[str, str]] = {"maxFilesPerTrigger": "50"}
 
     def read_stream(self, spark: SparkSession) -> DataFrame:
@@ -43,8 +42,6 @@ class FileEventSource(EventSource):
 
 class RateEventSource(EventSource):
     """Spark's ``rate`` source (``timestamp``, ``value``) for load tests."""
-
-    formats = ("rate",)
 
     def read_stream(self, spark: SparkSession) -> DataFrame:
         return spark.readStream.format("rate").options(**self.config.options).load()

@@ -90,8 +90,6 @@ class KafkaEventSource(EventSource):
     ``assign``, and any option of Spark's Kafka source) on the ``kafka`` section's
     cluster; records that are not events become dead letters (:func:`parse_events`)."""
 
-    formats = ("kafka",)
-
     def read_stream(self, spark: SparkSession) -> DataFrame:
         """The records as events; a ``subscribe``d topic that does not exist is refused
         here, by name (the pipeline never creates a topic it reads events from)."""

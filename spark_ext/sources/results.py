@@ -1,15 +1,14 @@
 """L0: the sidecar's results as a stream, one reader per result channel (the sidecar's
-``results.kind``): :data:`RESULT_READERS` maps each channel to its reader. Every reader
+``results.kind``): :data:`spark_ext.kinds.RESULT_READERS` maps each channel to its reader
+(:func:`read_result_files` here, :func:`spark_ext.sources.kafka.read_result_topics`). Every reader
 yields the result columns of ``sidecar.contract.RESULT_SCHEMA``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_ext.config import PipelineConfig
-from spark_ext.sources.kafka import read_result_topics
+from spark_ext.kinds import RESULT_READERS
 from spark_ext.sources.result_files import SOURCE_NAME, register_results_source
 
 
@@ -25,13 +24,7 @@ def read_result_files(spark: SparkSession, config: PipelineConfig) -> DataFrame:
             .load())
 
 
-#: Result channel -> the reader of its stream.
-RESULT_READERS: dict[str, Callable[[SparkSession, PipelineConfig], DataFrame]] = {
-    "files": read_result_files,
-    "kafka": read_result_topics,
-}
-
-
 def read_results(spark: SparkSession, config: PipelineConfig) -> DataFrame:
-    """The results stream of ``config.sidecar.result_channel``."""
-    return RESULT_READERS[config.sidecar.result_channel](spark, config)
+    """The results stream of ``config.sidecar.result_channel`` (its reader in
+    :data:`spark_ext.kinds.RESULT_READERS`)."""
+    return RESULT_READERS.load(config.sidecar.result_channel)(spark, config)

@@ -65,7 +65,7 @@ CONFIG_FILE_CASES = {
                  r"^sts: bad value in sidecar config section 'results': .* \("),
     "section not a mapping": ("server: 5\n",
                               r"^sts: sidecar config section 'server' must be a mapping, got int"),
-    "bad engine kind": ("engine: {kind: tgi}\n", r"^sts: self.kind='tgi' must be one of"),
+    "bad engine kind": ("engine: {kind: tgi}\n", r"^sts: engine.kind: 'tgi' is not one of vllm, simulated"),
     "bad socket mode": ("server: {socket_mode: '0999'}\n",
                         r"^sts: server.socket_mode='0999' must be an octal mode"),
     "unknown event loop": ("server: {event_loop: trio}\n",

@@ -1,37 +1,22 @@
 """Who writes the Delta tables (``output.writer``): a name mapped to a lazily imported
-class, the way vLLM registers its KV connectors
-(``KVConnectorFactory.register_connector(name, module, class)``). A third writer is one
-new module and one :func:`register_writer` call.
+class in :data:`spark_ext.kinds.WRITERS` (the registry every kind of the project uses,
+the way vLLM registers its KV connectors: ``register_connector(name, module, class)``).
+A third writer is one new module and one ``WRITERS.register`` line.
 
 Example:
-    >>> sorted(WRITER_CLASSES)
-    ['deltalake', 'spark']
     >>> writer_class("spark").__name__
     'SparkWriter'
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from spark_ext.exceptions import PipelineConfigError
+from spark_ext.kinds import AUTO_WRITER, WRITERS
 from spark_ext.l4.writers.base import BatchFrames, TableWriter
 
-__all__ = ["BatchFrames", "TableWriter", "WRITER_CLASSES", "choose_writer", "register_writer",
-           "writer_class"]
-
-#: ``output.writer`` -> (module, class), imported on first use.
-WRITER_CLASSES: dict[str, tuple[str, str]] = {}
-
-
-def register_writer(name: str, module: str, class_name: str) -> None:
-    """Make ``output.writer: <name>`` the class ``module.class_name``."""
-    WRITER_CLASSES[name] = (module, class_name)
-
-
-register_writer("spark", "spark_ext.l4.writers.spark", "SparkWriter")
-register_writer("deltalake", "spark_ext.l4.writers.deltalake", "DeltalakeWriter")
+__all__ = ["BatchFrames", "TableWriter", "choose_writer", "writer_class"]
 
 
 def writer_class(name: str) -> type[TableWriter]:
@@ -40,12 +25,7 @@ def writer_class(name: str) -> type[TableWriter]:
     Raises:
         PipelineConfigError: no writer has that name.
     """
-    try:
-        module, class_name = WRITER_CLASSES[name]
-    except KeyError:
-        raise PipelineConfigError(f"output.writer: no writer {name!r}; known: "
-                                  f"{', '.join(sorted(WRITER_CLASSES))}") from None
-    return getattr(importlib.import_module(module), class_name)
+    return WRITERS.load(name)
 
 
 def choose_writer(spark: Any, output: Any, key_columns: tuple[str, ...]) -> TableWriter:
@@ -61,8 +41,9 @@ def choose_writer(spark: Any, output: Any, key_columns: tuple[str, ...]) -> Tabl
     from pyspark.sql.utils import is_remote
 
     name = output.writer
-    if name == "auto":
-        name = "spark" if writer_class("spark").available(spark) else "deltalake"
+    if name == AUTO_WRITER:  # the first registered writer that can run here
+        name = next((n for n in WRITERS.names if writer_class(n).available(spark)),
+                    WRITERS.names[-1])
     cls = writer_class(name)
     if is_remote() and not cls.runs_on_connect:
         raise PipelineConfigError(f"output.writer: {name} cannot run on Spark Connect (its "
