@@ -53,6 +53,7 @@ _EXPORTS = {
     "EVENT_LOOPS": "sidecar.event_loop",
     # From sidecar.exceptions
     "ConfigError": "sidecar.exceptions",
+    "SidecarConfigError": "sidecar.exceptions",
     "SidecarError": "sidecar.exceptions",
     "one_line": "sidecar.exceptions",
     # From sidecar.model_prep
@@ -86,6 +87,7 @@ __all__ = [
     "ServerConfig",
     "SidecarClient",
     "SidecarConfig",
+    "SidecarConfigError",
     "SidecarError",
     "TOKEN_METADATA_KEY",
     "Tracing",
@@ -124,7 +126,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from sidecar.credentials import TOKEN_METADATA_KEY, ClientSecurity, read_pem, read_token, security_fields
     from sidecar.kinds import ENGINES, RESULT_CHANNELS, KindRegistry
     from sidecar.event_loop import EVENT_LOOPS
-    from sidecar.exceptions import ConfigError, SidecarError, one_line
+    from sidecar.exceptions import ConfigError, SidecarConfigError, SidecarError, one_line
     from sidecar.model_prep import prepare_default_model
     from sidecar.otel import Tracing, otel_environment, start_tracing, tracing_requested
     from sidecar.quantiles import percentile, percentiles

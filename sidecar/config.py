@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 from sidecar.config_files import as_dataclass, build_sections, read_yaml
 from sidecar.contract import PRIORITY_NAMES
 from sidecar.event_loop import EVENT_LOOPS
-from sidecar.exceptions import ConfigError, one_line
+from sidecar.exceptions import ConfigError, SidecarConfigError, one_line
 from sidecar.kinds import ENGINES, RESULT_CHANNELS
 
 DeadlinePolicy = Literal["abort", "finish_and_backfill"]
@@ -107,9 +107,9 @@ class PoolConfig:
                      "max_tokens_in_flight", "weight"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"pool {name}={value!r} must be a positive integer")
+                raise SidecarConfigError(f"pool {name}={value!r} must be a positive integer")
         if self.on_deadline not in self.DEADLINE_POLICIES:
-            raise ValueError(f"pool {self.on_deadline=} must be one of "
+            raise SidecarConfigError(f"pool {self.on_deadline=} must be one of "
                              f"{self.DEADLINE_POLICIES}")
 
 
@@ -154,10 +154,10 @@ class PreemptionConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_per_request, int) or self.max_per_request < 0:
-            raise ValueError(f"preemption.max_per_request={self.max_per_request!r} must be "
+            raise SidecarConfigError(f"preemption.max_per_request={self.max_per_request!r} must be "
                              "an integer >= 0")
         if bad := [p for p in self.immediate if p not in ("high", "normal")]:
-            raise ValueError(f"preemption.immediate={self.immediate!r}: {bad} cannot preempt "
+            raise SidecarConfigError(f"preemption.immediate={self.immediate!r}: {bad} cannot preempt "
                              "(only 'high' and 'normal' have lower work to preempt)")
 
 
@@ -185,14 +185,14 @@ class LoadSheddingConfig:
         for name in ("queue_depth", "tokens_in_flight"):
             marks = getattr(self, name)
             if set(marks) - {"low", "normal"}:
-                raise ValueError(f"load_shedding.{name} keys must be 'low' and 'normal', "
+                raise SidecarConfigError(f"load_shedding.{name} keys must be 'low' and 'normal', "
                                  f"got {sorted(marks)}")
             for key, value in marks.items():
                 if not isinstance(value, int) or value < 1:
-                    raise ValueError(f"load_shedding.{name}.{key}={value!r} must be a "
+                    raise SidecarConfigError(f"load_shedding.{name}.{key}={value!r} must be a "
                                      "positive integer")
             if "low" in marks and "normal" in marks and marks["low"] > marks["normal"]:
-                raise ValueError(f"load_shedding.{name}: low ({marks['low']}) must not exceed "
+                raise SidecarConfigError(f"load_shedding.{name}: low ({marks['low']}) must not exceed "
                                  f"normal ({marks['normal']}); low is shed first")
 
 
@@ -248,15 +248,15 @@ class SchedulerConfig:
                      "max_prompt_chars", "dedupe_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"self.{name}={value!r} must be a positive integer")
+                raise SidecarConfigError(f"self.{name}={value!r} must be a positive integer")
         if self.drain_timeout_s < 0:
-            raise ValueError(f"{self.drain_timeout_s=} must be >= 0")
+            raise SidecarConfigError(f"{self.drain_timeout_s=} must be >= 0")
         if not 0 < self.engine_check_interval_s <= 60:
-            raise ValueError(f"{self.engine_check_interval_s=} must be in (0, 60]")
+            raise SidecarConfigError(f"{self.engine_check_interval_s=} must be in (0, 60]")
         if not 0 < self.deadline_slack <= 10:
-            raise ValueError(f"{self.deadline_slack=} must be in (0, 10]")
+            raise SidecarConfigError(f"{self.deadline_slack=} must be in (0, 10]")
         if unknown := set(self.pools) - set(PRIORITY_NAMES):
-            raise ValueError(f"unknown pools {sorted(unknown)}; pools are {PRIORITY_NAMES}")
+            raise SidecarConfigError(f"unknown pools {sorted(unknown)}; pools are {PRIORITY_NAMES}")
         defaults = _default_pools()
         self.pools = {
             name: as_dataclass(PoolConfig, self.pools.get(name, {}),
@@ -311,39 +311,39 @@ class KafkaChannelConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.producer, dict) or not all(isinstance(k, str)
                                                           for k in self.producer):
-            raise ValueError(f"results.kafka.producer={self.producer!r} must be a mapping "
+            raise SidecarConfigError(f"results.kafka.producer={self.producer!r} must be a mapping "
                              "of confluent-kafka settings")
         for key, value in self.FIXED.items():
             if key in self.producer and str(self.producer[key]).lower() not in (
                     str(value).lower(), "-1" if key == "acks" else ""):
-                raise ValueError(f"results.kafka.producer[{key!r}]={self.producer[key]!r}: "
+                raise SidecarConfigError(f"results.kafka.producer[{key!r}]={self.producer[key]!r}: "
                                  f"the result channel always uses {key}={value}")
         for key in ("queue.buffering.max.messages", "on_delivery", "error_cb"):
             if key in self.producer:
-                raise ValueError(f"results.kafka.producer[{key!r}] is set by the channel "
+                raise SidecarConfigError(f"results.kafka.producer[{key!r}] is set by the channel "
                                  "(use results.kafka.max_buffered for the buffer)")
         given = self.producer.get("bootstrap.servers")
         if self.bootstrap_servers is not None and not (
                 isinstance(self.bootstrap_servers, str) and self.bootstrap_servers.strip()):
-            raise ValueError(f"results.kafka.{self.bootstrap_servers=} must be host:port[,...]")
+            raise SidecarConfigError(f"results.kafka.{self.bootstrap_servers=} must be host:port[,...]")
         if given is not None and self.bootstrap_servers and given != self.bootstrap_servers:
-            raise ValueError(f"results.kafka.bootstrap_servers={self.bootstrap_servers!r} and "
+            raise SidecarConfigError(f"results.kafka.bootstrap_servers={self.bootstrap_servers!r} and "
                              f"results.kafka.producer['bootstrap.servers']={given!r} differ")
         if not isinstance(self.topic_template, str) or not self.topic_template.strip():
-            raise ValueError(f"results.kafka.{self.topic_template=} must be a topic name")
+            raise SidecarConfigError(f"results.kafka.{self.topic_template=} must be a topic name")
         try:
             self.topic_template.format(priority="normal")
         except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(f"results.kafka.{self.topic_template=} may only use "
+            raise SidecarConfigError(f"results.kafka.{self.topic_template=} may only use "
                              f"{{priority}} ({e})") from None
         for name in ("max_buffered", "refusal_reserve"):
             value = getattr(self, name)
             if value is None and name == "refusal_reserve":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"results.kafka.{name}={value!r} must be a positive integer")
+                raise SidecarConfigError(f"results.kafka.{name}={value!r} must be a positive integer")
         if self.reserve() >= self.max_buffered:
-            raise ValueError(f"results.kafka.refusal_reserve={self.refusal_reserve} must be "
+            raise SidecarConfigError(f"results.kafka.refusal_reserve={self.refusal_reserve} must be "
                              f"less than max_buffered={self.max_buffered}")
 
     def reserve(self) -> int:
@@ -404,12 +404,12 @@ class ResultChannelConfig:
     def __post_init__(self) -> None:
         RESULT_CHANNELS.check(self.kind)
         if not 0 < self.flush_interval_s <= 0.2:
-            raise ValueError(f"{self.flush_interval_s=} must be in (0, 0.2]")
+            raise SidecarConfigError(f"{self.flush_interval_s=} must be in (0, 0.2]")
         if self.max_rows_per_file < 1:
-            raise ValueError(f"{self.max_rows_per_file=} must be >= 1")
+            raise SidecarConfigError(f"{self.max_rows_per_file=} must be >= 1")
         self.kafka = as_dataclass(KafkaChannelConfig, self.kafka, "results.kafka")
         if self.kind == "kafka" and not self.kafka.bootstrap():
-            raise ValueError("results.kind=kafka needs results.kafka.bootstrap_servers (or "
+            raise SidecarConfigError("results.kind=kafka needs results.kafka.bootstrap_servers (or "
                              "results.kafka.producer['bootstrap.servers'])")
 
 
@@ -488,45 +488,45 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if self.sidecar_id is not None and (not self.sidecar_id or "/" in self.sidecar_id):
-            raise ValueError(f"{self.sidecar_id=} must be non-empty and contain no '/'")
+            raise SidecarConfigError(f"{self.sidecar_id=} must be non-empty and contain no '/'")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"{self.metrics_port=} must be a TCP port")
+            raise SidecarConfigError(f"{self.metrics_port=} must be a TCP port")
         if self.metrics_gpus is not None and (
                 not isinstance(self.metrics_gpus, list)
                 or not all(isinstance(g, (int, str)) and not isinstance(g, bool)
                            for g in self.metrics_gpus)):
-            raise ValueError(f"{self.metrics_gpus=} must be a list of GPU indices or UUIDs")
+            raise SidecarConfigError(f"{self.metrics_gpus=} must be a list of GPU indices or UUIDs")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("server.tls_cert_file and server.tls_key_file go together "
+            raise SidecarConfigError("server.tls_cert_file and server.tls_key_file go together "
                              f"(got {self.tls_cert_file=}, {self.tls_key_file=})")
         if self.tls_client_ca_file and not self.tls_cert_file:
-            raise ValueError("server.tls_client_ca_file (mutual TLS) needs "
+            raise SidecarConfigError("server.tls_client_ca_file (mutual TLS) needs "
                              "server.tls_cert_file and server.tls_key_file")
         if isinstance(self.socket_mode, str):
             try:
                 self.socket_mode = int(self.socket_mode, 8)
             except ValueError:
-                raise ValueError(f"server.socket_mode={self.socket_mode!r} must be an octal "
+                raise SidecarConfigError(f"server.socket_mode={self.socket_mode!r} must be an octal "
                                  "mode such as '0660'") from None
         if (not isinstance(self.socket_mode, int) or isinstance(self.socket_mode, bool)
                 or not 0 <= self.socket_mode <= 0o777):
-            raise ValueError(f"server.socket_mode={self.socket_mode!r} must be a mode in "
+            raise SidecarConfigError(f"server.socket_mode={self.socket_mode!r} must be a mode in "
                              "0..0o777")
         if self.socket_mode & 0o007 and not self.allow_insecure_remote:
-            raise ValueError(f"server.socket_mode={oct(self.socket_mode)} lets every local "
+            raise SidecarConfigError(f"server.socket_mode={oct(self.socket_mode)} lets every local "
                              "user connect; use 0o660 or stricter (or allow_insecure_remote)")
         if self.event_loop not in EVENT_LOOPS:
-            raise ValueError(f"server.event_loop={self.event_loop!r} must be one of "
+            raise SidecarConfigError(f"server.event_loop={self.event_loop!r} must be one of "
                              f"{EVENT_LOOPS}")
         if not 0 < self.submit_yield_ms <= 1000:
-            raise ValueError(f"server.submit_yield_ms={self.submit_yield_ms!r} must be in "
+            raise SidecarConfigError(f"server.submit_yield_ms={self.submit_yield_ms!r} must be in "
                              "(0, 1000]")
         for name in ("max_message_mb", "max_inflight_rpc_mb"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"server.{name}={value!r} must be a positive integer")
+                raise SidecarConfigError(f"server.{name}={value!r} must be a positive integer")
         if self.engine_death_grace_s < 0:
-            raise ValueError(f"{self.engine_death_grace_s=} must be >= 0")
+            raise SidecarConfigError(f"{self.engine_death_grace_s=} must be >= 0")
 
 
 def _default_warmup_prompts() -> list[str]:
@@ -572,13 +572,13 @@ class WarmupConfig:
         for name in ("max_tokens", "rounds", "calibration_tokens", "calibration_max_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"warmup.{name}={value!r} must be a positive integer")
+                raise SidecarConfigError(f"warmup.{name}={value!r} must be a positive integer")
         for name in ("prompts", "stable_prefixes"):
             value = getattr(self, name)
             if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
-                raise ValueError(f"warmup.{name} must be a list of strings, got {value!r}")
+                raise SidecarConfigError(f"warmup.{name} must be a list of strings, got {value!r}")
         if not 0 < self.timeout_s <= 3600:
-            raise ValueError(f"warmup.timeout_s={self.timeout_s!r} must be in (0, 3600]")
+            raise SidecarConfigError(f"warmup.timeout_s={self.timeout_s!r} must be in (0, 3600]")
 
     def texts(self) -> list[str]:
         """The prompt texts of one round.
@@ -639,8 +639,8 @@ class SidecarConfig:
         try:
             return cls.from_dict(read_yaml(path))
         except (ValueError, TypeError) as e:
-            if isinstance(e, ConfigError):
-                raise
+            if isinstance(e, ConfigError) and not isinstance(e, SidecarConfigError):
+                raise  # already says where (a missing or malformed file)
             raise ConfigError(_with_where(e, str(path))) from None
 
     def with_overrides(self, overrides: dict[str, Any]) -> "SidecarConfig":
@@ -656,13 +656,13 @@ class SidecarConfig:
             node = data
             for part in parents:
                 if not isinstance(node, dict) or part not in node:
-                    raise ValueError(f"unknown config key {dotted!r}")
+                    raise SidecarConfigError(f"unknown config key {dotted!r}")
                 node = node[part]
             # Free-form mappings (engine_args, simulated, producer) take new keys;
             # sections do not.
             free_form = ".".join(parents) in self.FREE_FORM
             if not parents or not isinstance(node, dict) or (key not in node and not free_form):
-                raise ValueError(f"unknown config key {dotted!r}")
+                raise SidecarConfigError(f"unknown config key {dotted!r}")
             node[key] = value
         return SidecarConfig.from_dict(data)
 

@@ -23,6 +23,12 @@ class ConfigError(SidecarError, ValueError):
     the message is one line, ``<what> (<where>)``, printed as ``sts: <message>``."""
 
 
+class SidecarConfigError(ConfigError):
+    """A value of the sidecar's configuration (a field of a section, checked when the
+    section is built) is wrong; the message names the field. Unrecoverable for this run.
+    The Spark side's counterpart is ``spark_ext.exceptions.PipelineConfigError``."""
+
+
 class SidecarUnreachableError(SidecarError):
     """A client could not get an answer from the sidecar (not running, wrong address,
     refused credentials). Recoverable: try again once it serves."""

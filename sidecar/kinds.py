@@ -8,7 +8,7 @@ read the registry, so each name is spelled once, here, and adding one is one mod
 plus one :meth:`KindRegistry.register` line. The Spark side registers its kinds (event
 sources, result readers, table writers) the same way in :mod:`spark_ext.kinds`.
 
-A leaf module: it imports nothing of the sidecar, so :mod:`sidecar.config` checks names
+A leaf module: it imports nothing of the sidecar but its exceptions, so :mod:`sidecar.config` checks names
 without importing the engines or channels (vLLM, confluent-kafka).
 
 Example:
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any, Generic, TypeVar
+
+from sidecar.exceptions import SidecarConfigError
 
 T = TypeVar("T")
 
@@ -80,12 +82,13 @@ class KindRegistry(Generic[T]):
 
 
 #: Engines (``engine.kind``): each class has ``from_config(EngineConfig) -> Engine``.
-ENGINES: KindRegistry[Any] = KindRegistry("engine", "engine.kind")
+ENGINES: KindRegistry[Any] = KindRegistry("engine", "engine.kind", SidecarConfigError)
 ENGINES.register("vllm", "sidecar.engines.vllm", "VllmEngine")
 ENGINES.register("simulated", "sidecar.engines.simulated", "SimulatedEngine")
 
 #: Result channels (``results.kind``): each class has
 #: ``from_config(ResultChannelConfig, sidecar_id) -> ResultChannel``.
-RESULT_CHANNELS: KindRegistry[Any] = KindRegistry("result channel", "results.kind")
+RESULT_CHANNELS: KindRegistry[Any] = KindRegistry("result channel", "results.kind",
+                                                  SidecarConfigError)
 RESULT_CHANNELS.register("files", "sidecar.result_channels.files", "FilesResultChannel")
 RESULT_CHANNELS.register("kafka", "sidecar.result_channels.kafka", "KafkaResultChannel")
