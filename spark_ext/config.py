@@ -143,7 +143,7 @@ class KafkaConfig:
     options: dict[str, str] = field(default_factory=dict)
     """Options for Spark's Kafka source and sink, applied to each of them: ``kafka.*``
     client settings such as ``kafka.security.protocol``, ``kafka.sasl.mechanism``,
-    ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location`` (README "Kafka")."""
+    ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location`` (docs/kafka.md)."""
 
     producer: dict[str, str] = field(default_factory=dict)
     """librdkafka settings of the driver's Python clients (the answers topic's producer,
@@ -195,7 +195,7 @@ class TaggingConfig:
     """Column carrying a trace id; ``None`` = reuse ``request_id``."""
 
     traceparent: str | None = None
-    """Column carrying each event's W3C ``traceparent`` (tracing, README "Tracing"):
+    """Column carrying each event's W3C ``traceparent`` (tracing, docs/metrics.md):
     the event's spans join that trace, and ``trace_id`` is its trace id when valid.
     ``None`` = every event starts its own trace (trace id = ``trace_id``)."""
 
@@ -657,7 +657,7 @@ class MaintenanceConfig:
 
 @dataclass
 class RolloutConfig:
-    """How much of the LLM-routed traffic the model answers (README "Rolling out").
+    """How much of the LLM-routed traffic the model answers (docs/rollout.md).
     Switching mode needs no code change and keeps the checkpoints."""
 
     mode: RolloutMode = "full"
@@ -684,7 +684,7 @@ class RolloutConfig:
 
 @dataclass
 class ValidationConfig:
-    """Rules an ``ok`` answer must pass to be sent (README "Output validation")."""
+    """Rules an ``ok`` answer must pass to be sent (docs/pipeline.md, "Output validation")."""
 
     enabled: bool = True
     min_chars: int = 1

@@ -1,4 +1,4 @@
-"""L1 and L4 spans of the Spark side (OpenTelemetry; README "Tracing").
+"""L1 and L4 spans of the Spark side (OpenTelemetry; docs/metrics.md, "Tracing").
 
 In the Spark task (:class:`SubmitSpans`, used by :mod:`spark_ext.submit.submission`), per
 ``SubmitBatch`` of a micro-batch::

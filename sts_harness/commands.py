@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "the feature lookup (on by default; --no-l1l2: every event to "
                            "the LLM)")
     demo.add_argument("--rollout", choices=["full", "canary", "shadow", "offline"],
-                      default="full", help="rollout.mode of the pipeline (README 'Rolling out')")
+                      default="full", help="rollout.mode of the pipeline (docs/rollout.md)")
     demo.add_argument("--canary-share", type=float, default=0.1,
                       help="share of events the model answers with --rollout canary")
     demo.add_argument("--source", choices=RESULT_READERS.names, default=RESULT_READERS.default,

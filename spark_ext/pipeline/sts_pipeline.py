@@ -495,7 +495,7 @@ class StsPipeline:
                     "(spark-submit --packages \"$(python -m spark_ext.jvm_packages --with s3)\", "
                     "or local_session(..., jvm_features=(\"kafka\", \"delta\", \"s3\"))) and "
                     "for s3:// also spark.hadoop.fs.s3.impl="
-                    "org.apache.hadoop.fs.s3a.S3AFileSystem (README \"Object stores\")")
+                    "org.apache.hadoop.fs.s3a.S3AFileSystem (docs/tables.md, \"Object stores\")")
 
     def _set_aside_stale_state(self) -> None:
         """A checkpoint emptied of its offsets but not of its state (a partial reset)

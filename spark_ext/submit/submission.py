@@ -226,7 +226,7 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     ``endpoint`` and ``sidecar_fallback_text`` (the sidecar pool's rule answer,
     set on refusals; L4 prefers it to the pipeline's own fallback text). With tracing
     on, ``trace_id`` holds the W3C trace id and ``traceparent_column`` names the
-    events' own trace context (README "Tracing"). With ``submit_when`` (a boolean
+    events' own trace context (docs/metrics.md, "Tracing"). With ``submit_when`` (a boolean
     column) only the rows where it is true are submitted; the others come out with
     null ack columns (``accepted`` null means "not submitted"). With ``ack_channel``
     every task also leaves its ack rows there for the answers query.

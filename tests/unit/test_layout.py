@@ -1,5 +1,5 @@
 """The shape of the code base: imports point one way, no cycles, the sidecar stands
-alone, and the README's file list is the tree."""
+alone, and the file list in docs/architecture.md (its "Layout") is the tree."""
 
 from __future__ import annotations
 
@@ -196,9 +196,16 @@ def test_the_checker_sees_a_violation() -> None:
         tmp.unlink()
 
 
-def _readme_layout() -> set[str]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+#: The page whose ``## Layout`` section lists every module, one line per file.
+LAYOUT_PAGE = REPO / "docs" / "architecture.md"
+
+
+def _architecture_layout() -> set[str]:
+    """The files the first fenced block under ``## Layout`` of :data:`LAYOUT_PAGE` lists:
+    a line that does not start with a space names a top-level folder (``sidecar/``) or
+    file, an indented ``*.py`` token is a file in the last folder named."""
+    text = LAYOUT_PAGE.read_text(encoding="utf-8")
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]
     listed, folder = set(), ""
     for line in block.splitlines():
@@ -212,13 +219,15 @@ def _readme_layout() -> set[str]:
     return listed
 
 
-def test_readme_layout_lists_every_module() -> None:
+def test_architecture_layout_lists_every_module() -> None:
     tree = {str(p.relative_to(REPO)) for p in MODULES.values()
             if p.name != "__init__.py"
             or p.parent.name in ("contract", "engines", "admission", "result_channels", "writers")}
-    listed = _readme_layout()
-    assert not tree - listed, f"modules missing from the README's Layout: {sorted(tree - listed)}"
-    assert not listed - tree, f"README's Layout lists files that do not exist: {sorted(listed - tree)}"
+    listed = _architecture_layout()
+    assert not tree - listed, \
+        f"modules missing from docs/architecture.md's Layout: {sorted(tree - listed)}"
+    assert not listed - tree, \
+        f"docs/architecture.md's Layout lists files that do not exist: {sorted(listed - tree)}"
 
 
 def test_the_pipeline_asks_its_writer_never_its_name() -> None:
