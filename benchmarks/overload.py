@@ -237,11 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra `sts sidecar --set` overrides (repeatable)")
+    parser.add_argument("--slow-cpu", action="store_true",
+                        help="the simulated engine timed like vLLM on a slow CPU (AVX2 only: "
+                             "TPOT 99 ms alone, 154 ms at batch 8; "
+                             "sidecar.engines.simulated.SLOW_CPU)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON result (default benchmarks/results/overload-ENGINE.json)")
     args = parser.parse_args(argv)
     vllm = args.engine == "vllm"
     extra = [x for kv in args.set for x in ("--set", kv)]
+    if args.slow_cpu:
+        if vllm:
+            parser.error("--slow-cpu times the simulated engine: use --engine simulated")
+        from sidecar import SLOW_CPU, simulated_set_args
+
+        extra = simulated_set_args(SLOW_CPU)[2:] + extra
     out = args.out or Path(str(DEFAULT_OUT).format(engine=args.engine))
     try:
         result = run(args.engine, factor=args.factor, duration_s=args.duration,

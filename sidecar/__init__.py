@@ -51,6 +51,9 @@ _EXPORTS = {
     "RESULT_CHANNELS": "sidecar.kinds",
     # From sidecar.event_loop
     "EVENT_LOOPS": "sidecar.event_loop",
+    # From sidecar.engines.simulated
+    "SLOW_CPU": "sidecar.engines.simulated",
+    "simulated_set_args": "sidecar.engines.simulated",
     # From sidecar.exceptions
     "ConfigError": "sidecar.exceptions",
     "SidecarConfigError": "sidecar.exceptions",
@@ -82,6 +85,7 @@ __all__ = [
     "KafkaChannelConfig",
     "RESULT_CHANNELS",
     "RESULT_SCHEMA",
+    "SLOW_CPU",
     "ResultChannelConfig",
     "SchedulerConfig",
     "ServerConfig",
@@ -105,6 +109,7 @@ __all__ = [
     "read_yaml",
     "request_to_proto",
     "security_fields",
+    "simulated_set_args",
     "start_tracing",
     "tracing_requested",
     "write_atomically",
@@ -126,6 +131,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from sidecar.credentials import TOKEN_METADATA_KEY, ClientSecurity, read_pem, read_token, security_fields
     from sidecar.kinds import ENGINES, RESULT_CHANNELS, KindRegistry
     from sidecar.event_loop import EVENT_LOOPS
+    from sidecar.engines.simulated import SLOW_CPU, simulated_set_args
     from sidecar.exceptions import ConfigError, SidecarConfigError, SidecarError, one_line
     from sidecar.model_prep import prepare_default_model
     from sidecar.otel import Tracing, otel_environment, start_tracing, tracing_requested

@@ -85,8 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                            "(the input of a spark-submit job)")
     events.add_argument("--to", required=True,
                         help="landing folder the job reads (source.path of its config)")
-    events.add_argument("--rate", type=float, default=2.0, help="events per second")
-    events.add_argument("--duration", type=float, default=60.0, help="seconds of replay")
+    events.add_argument("--rate", type=positive(float), default=2.0, help="events per second")
+    events.add_argument("--duration", type=positive(float), default=60.0, help="seconds of replay")
     events.set_defaults(func=_run_events)
 
     s3 = sub.add_parser(

@@ -108,6 +108,30 @@ class SimulatedEngineConfig:
         return (self.step_base_ms + self.step_per_seq_ms * batch) / 1000.0
 
 
+#: A slow CPU's engine: SmolLM2-135M on vLLM's CPU build on a 2-vCPU AMD EPYC (AVX2 only,
+#: no AVX-512), whose calibration measured a time per output token of 99 ms alone and
+#: 154 ms in a batch of 8 (TTFT 187 and 602 ms), about 10 output tokens/s for one
+#: sequence where a machine with AVX-512 makes 35-40. The step cost fits both TPOTs
+#: (91.1 + 7.86 x batch ms); the prefill rate is a CPU's, not measured. So a fast
+#: development machine sees what a slow laptop does (``engine.simulated`` settings, e.g.
+#: ``benchmarks.overload --slow-cpu``).
+SLOW_CPU: dict[str, float | int] = {"max_num_seqs": 8, "step_base_ms": 91.1,
+                                    "step_per_seq_ms": 7.86, "prefill_tokens_per_s": 800.0}
+
+
+def simulated_set_args(settings: dict[str, float | int]) -> list[str]:
+    """``sts sidecar`` arguments that run the simulated engine with ``settings``.
+
+    Example:
+        >>> simulated_set_args({"step_base_ms": 91.1})[:4]
+        ['--engine', 'simulated', '--set', 'engine.simulated.step_base_ms=91.1']
+    """
+    args = ["--engine", "simulated"]
+    for key, value in settings.items():
+        args += ["--set", f"engine.simulated.{key}={value}"]
+    return args
+
+
 class _SimSeq:
     """One sequence and its output channel (a deque plus a future the consumer,
     :class:`_SimStream`, awaits when it is empty: cheaper than an ``asyncio.Queue`` per

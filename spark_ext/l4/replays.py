@@ -13,8 +13,9 @@ files, where Delta's own app transaction lookup replays the table's whole state
 from __future__ import annotations
 
 _MARKER = "sts-append"
-#: Commits of a table's history read first for a replayed batch's marker (its commit, if
-#: any, is among the latest: the other tables' and the compactions' commits are few).
+#: Commits of a table's history read for a replayed batch's marker: its commit, if any,
+#: is among the latest (between it and a restart the table gets at most a compaction or
+#: a backfill merge or two; its one writer is stopped).
 HISTORY_LOOKBACK = 100
 
 

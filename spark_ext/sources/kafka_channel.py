@@ -99,10 +99,20 @@ class KafkaChannelReader(SimpleDataSourceStreamReader):
         return self._consumer
 
     def _current_partitions(self, *, max_age_s: float = 5.0) -> dict[str, list[int]]:
-        """Every partition of the topics (listed again at most every ``max_age_s``)."""
+        """Every partition of the topics (listed again at most every ``max_age_s``). While
+        no broker answers, the partitions known before (the records come once it is
+        back, as Spark's Kafka source waits for them); with none known, the error."""
         if time.monotonic() - self._listed_at < max_age_s and self._partitions:
             return self._partitions
-        metadata = self._client().list_topics(timeout=30)
+        try:
+            metadata = self._client().list_topics(timeout=10 if self._partitions else 30)
+        except Exception as e:  # noqa: BLE001 - KafkaException: no broker answered
+            if not self._partitions:
+                raise
+            logger.warning("Kafka: cannot list the partitions of %s (%s); reading the "
+                           "known ones.", ", ".join(self.topics), e)
+            self._listed_at = time.monotonic()
+            return self._partitions
         parts: dict[str, list[int]] = {}
         for topic in self.topics:
             meta = metadata.topics.get(topic)

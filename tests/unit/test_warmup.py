@@ -82,6 +82,26 @@ def test_calibration_measures_a_lone_and_a_full_batch_and_seeds_the_estimator() 
     assert asyncio.run(calibrate(engine, WarmupConfig(calibrate=False), 8)) == []
 
 
+def test_the_slow_cpu_engine_calibrates_as_the_slow_machine_measured() -> None:
+    """``SLOW_CPU`` (issue 31's AVX2-only machine): 99 ms per output token alone and 154
+    ms in a batch of 8, as that machine's own calibration read them."""
+    from sidecar.engines.simulated import SLOW_CPU
+
+    engine = SimulatedEngine(SimulatedEngineConfig(**SLOW_CPU))
+
+    async def main():  # type: ignore[no-untyped-def]
+        await engine.start()
+        try:
+            return await calibrate(engine, WarmupConfig(calibration_tokens=6), 8)
+        finally:
+            await engine.shutdown()
+
+    est = ServiceRateEstimator()
+    est.calibrate(asyncio.run(main()))
+    assert est.speed.tpot(1) == pytest.approx(0.099, rel=0.15)
+    assert est.speed.tpot(8) == pytest.approx(0.154, rel=0.15)
+
+
 def test_the_sidecar_warms_up_before_serving_and_reports_it(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     port, metrics_port = free_port(), free_port()

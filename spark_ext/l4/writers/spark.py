@@ -191,19 +191,17 @@ class SparkWriter(TableWriter):
     def last_appended(self, spark: SparkSession, name: str, app_id: str, *,
                       history: int = HISTORY_LOOKBACK) -> int:
         """The highest batch of ``app_id`` that table ``name``'s last ``history`` commits
-        have appended (by their marker, :mod:`spark_ext.l4.replays`), the whole history
-        when none of them has one; -1 for none (or no table)."""
-        for limit in (f"LIMIT {history}", ""):
-            try:
-                rows = spark.sql(f"DESCRIBE HISTORY {self.ref(name)} {limit}") \
-                    .select("userMetadata").collect()
-            except Exception:  # noqa: BLE001 - no table there yet
-                return -1
-            if (found := last_marked([r[0] for r in rows], app_id)) is not None:
-                return found
-            if len(rows) < history:  # that was the whole history
-                break
-        return -1
+        have appended (by their marker, :mod:`spark_ext.l4.replays`); -1 for none (or no
+        table). A replayed batch is the last one its query ran, so its commit, if any,
+        is among the latest; reading the whole history instead would cost every new
+        run (whose app id no commit has) a read of every commit file the table keeps."""
+        try:
+            rows = spark.sql(f"DESCRIBE HISTORY {self.ref(name)} LIMIT {int(history)}") \
+                .select("userMetadata").collect()
+        except Exception:  # noqa: BLE001 - no table there yet
+            return -1
+        found = last_marked([r[0] for r in rows], app_id)
+        return -1 if found is None else found
 
     def merge_answers(self, name: str, frame: DataFrame, *, backfill: bool) -> dict[str, int]:
         """Merge answer rows into ``name`` (``answers`` or ``shadow_answers``): insert
