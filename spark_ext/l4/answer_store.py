@@ -33,7 +33,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from spark_ext.l4.answers import PARTITION, hour_of, hours_between
 from spark_ext.l4.replays import HISTORY_LOOKBACK, append_marker, last_marked
-from spark_ext.uris import is_local_uri, join_uri
+from spark_ext.uris import is_local_uri, join_uri, local_path
 
 logger = logging.getLogger(__name__)
 
@@ -177,11 +177,20 @@ class AnswerStore:
         want = None if columns is None else [c for c in columns if c != PARTITION]
         parts = []
         for f in files:
-            t = _views_to_strings(pq.read_table(f, columns=want))
+            # One file as it is, without pyarrow's partition discovery from its folder:
+            # Delta on Spark (4.4) also writes the partition column into each file, and
+            # discovery's dictionary column then clashes with it. A file written before
+            # a column was added lacks it (filled with nulls by the concatenation).
+            data = pq.ParquetFile(local_path(f))
+            names = data.schema_arrow.names
+            t = _views_to_strings(data.read(
+                columns=None if want is None else [c for c in want if c in names]))
             if columns is None or PARTITION in columns:
-                hour = Path(f).parent.name.partition("=")[2]
+                hour = Path(local_path(f)).parent.name.partition("=")[2]
                 if PARTITION not in t.column_names:
                     t = t.append_column(PARTITION, pa.array([hour] * t.num_rows, pa.string()))
+            elif PARTITION in t.column_names:
+                t = t.drop_columns([PARTITION])
             parts.append(t)
         table = pa.concat_tables(parts, promote_options="permissive")
         return table.filter(pq.filters_to_expression(filters)) if filters else table
