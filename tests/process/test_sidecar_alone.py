@@ -16,11 +16,13 @@ from tests.utils import REPO, free_port, make_request, wait_for_results, wait_un
 SPARK_SIDE = ("pyspark", "pandas", "numpy", "deltalake", "matplotlib", "spark_ext",
               "sts_harness", "benchmarks")
 
-#: Modules building the ``sts`` parser may load from the packages above the sidecar.
+#: Modules building the ``sts`` parser may load from the packages above the sidecar: the
+#: commands' registration and the Spark side's kinds registry (its ``--writer``/``--source``
+#: choices; plain Python, nothing of Spark).
 _REGISTRATION = ("sts_harness", "sts_harness.commands", "sts_harness.l1l2_commands",
                  "sts_harness.trace_commands",
                  "benchmarks", "benchmarks.commands",
-                 "benchmarks.cli_args")
+                 "benchmarks.cli_args", "spark_ext", "spark_ext.kinds", "spark_ext.exceptions")
 #: numpy is left out: pyarrow (a sidecar dependency) imports it when it is installed.
 _PARSER_PROBE = f"""
 import sys

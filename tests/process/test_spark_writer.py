@@ -201,6 +201,9 @@ def test_the_table_safety_net_answers_what_a_killed_sidecar_never_sent(
                        what="the requests recorded")
             sidecar.proc.send_signal(signal.SIGKILL)
             answers = _until(pipeline, events)
+            # The answers are visible once appended; the batch counts them after its
+            # record tables' appends, so let it end before reading the counts.
+            pipeline.process_all_available()
         finally:
             pipeline.stop()
     assert {(a["answer_source"], a["reason"]) for a in answers.values()} == {

@@ -53,7 +53,10 @@ def test_every_request_ends_exactly_once_under_overload() -> None:
     ids = [r.request_id for r in results]
     assert len(ids) == len(set(ids)) == n
     statuses = {r.status for r in results}
-    assert statuses <= {"ok", "timeout", "shed"} and {"ok", "timeout", "shed"} <= statuses
+    # a 50 ms deadline can pass before admission on a loaded machine: ``rejected``
+    # (deadline_passed) is that request's one terminal status
+    assert statuses <= {"ok", "timeout", "shed", "rejected"}
+    assert {"ok", "timeout", "shed"} <= statuses
 
 
 def test_high_runs_before_queued_low_on_simulated_engine() -> None:
