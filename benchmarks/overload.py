@@ -13,10 +13,16 @@ A sidecar child process with the shipped ``conf/sidecar.yaml`` (engine chosen by
    ``--high-max-tokens``) and ``--high-sla-ms`` deadlines; the rest ``normal`` (SLA
    10 s) and ``low`` (SLA 30 s), 40/60, with long-tailed outputs.
 
+3. With ``--high-only``: the overload's ``high`` arrivals alone, to a fresh sidecar
+   (what the engine gives ``high`` with nothing else in its way); the overload's
+   ``high`` on time is then reported as a share of this (``high_vs_high_only``).
+
 Reported per priority: sent, on time (``ok`` by the deadline), shed by reason, ``ok``
 latency; the preemptions (``/metrics``); whether every request got exactly one row;
-and, from the sidecar's log (``server.log_requests``), the error of the queue-wait
-estimate (actual minus estimated wait, P50/P99 per pool, for requests that started).
+whether the on-time shares keep the order ``high`` >= ``normal`` >= ``low``
+(``order_kept``); and, from the sidecar's log (``server.log_requests``), the error of
+the queue-wait estimate (actual minus estimated wait, P50/P99 per pool, for requests
+that started).
 
 Example:
     python -m benchmarks.overload --engine simulated
@@ -126,8 +132,7 @@ def wait_estimate_errors(log_path: Path) -> dict[str, dict]:
 def run(engine: str, *, factor: float, duration_s: float, high_share: float,
         high_max_tokens: int, high_sla_ms: int, median_tokens: int, cap: int,
         capacity_requests: int, capacity: float | None, seed: int, config: Path,
-        min_high: int,
-        extra: list[str], out: Path | None) -> dict:
+        min_high: int, extra: list[str], out: Path | None, high_only: bool = False) -> dict:
     """Both phases against one fresh sidecar (a second for the overload, so the capacity
     backlog leaves nothing behind). Returns the JSON result."""
     result: dict = {"benchmark": "overload", "engine": engine,
@@ -182,12 +187,33 @@ def run(engine: str, *, factor: float, duration_s: float, high_share: float,
                 sum(p["by_status"].values()) == p["sent"]
                 for p in outcome["by_priority"].values()))
         outcome["wait_estimate_error"] = wait_estimate_errors(log_path)
+        outcome["order_kept"] = order_kept(outcome)
         result["overload"] = outcome
+        if high_only:
+            highs = [r for r in reqs if r.priority == "high"]
+            _log("high only: the overload's %d high requests alone", len(highs))
+            with sidecar("high-only") as s:
+                assert s.client is not None
+                load = send_on_schedule(s.client, highs, id_prefix="hio",
+                                        duration_s=duration_s)
+                result["high_only"] = report(load, collect(load, s.results_dir,
+                                                           timeout_s=600))
+            alone = result["high_only"]["by_priority"]["high"]["on_time"]
+            mine = outcome["by_priority"]["high"]["on_time"]
+            result["high_vs_high_only"] = round(mine / alone, 3) if alone else None
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if out is not None:
         write_text_atomically(out, json.dumps(result, indent=2, default=str) + "\n")
         _log("wrote %s", out)
     return result
+
+
+def order_kept(outcome: dict) -> bool:
+    """Whether the on-time shares keep ``high`` >= ``normal`` >= ``low`` (priorities
+    that were not offered are left out)."""
+    rates = [outcome["by_priority"][p]["on_time_rate"] for p in ("high", "normal", "low")
+             if p in outcome["by_priority"] and outcome["by_priority"][p]["sent"]]
+    return all(a >= b for a, b in zip(rates, rates[1:]))
 
 
 def format_table(result: dict) -> str:
@@ -204,7 +230,11 @@ def format_table(result: dict) -> str:
                      f"{p['ok_latency_ms_p50'] or 0:>9.0f} {p['ok_latency_ms_p99'] or 0:>9.0f} "
                      f"{o['shed_share_by_priority'][prio]:>10.0%}  {p['shed_by_reason']}")
     lines.append(f"preemptions {o['preemptions']}; exactly one row per request: "
-                 f"{o['exactly_one_row']}")
+                 f"{o['exactly_one_row']}; order high >= normal >= low: {o['order_kept']}")
+    if "high_only" in result:
+        alone = result["high_only"]["by_priority"]["high"]
+        lines.append(f"high alone: {alone['on_time']} of {alone['sent']} on time; under "
+                     f"overload {result['high_vs_high_only']} of that")
     lines.append("queue-wait estimate error (actual - estimated, ms):")
     for prio, e in o["wait_estimate_error"].items():
         lines.append(f"  {prio:<7} n {e['n']:>5}  p50 {e['p50_ms']:>8.1f}  p99 {e['p99_ms']:>8.1f}"
@@ -241,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the simulated engine timed like vLLM on a slow CPU (AVX2 only: "
                              "TPOT 99 ms alone, 154 ms at batch 8; "
                              "sidecar.engines.simulated.SLOW_CPU)")
+    parser.add_argument("--high-only", action="store_true",
+                        help="also offer the high arrivals alone (a fresh sidecar) and report "
+                             "the overload's high on time as a share of that")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON result (default benchmarks/results/overload-ENGINE.json)")
     args = parser.parse_args(argv)
@@ -261,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                      cap=args.cap or (256 if vllm else 1024),
                      capacity_requests=args.capacity_requests or (60 if vllm else 150),
                      capacity=args.capacity, seed=args.seed, config=args.config,
-                     min_high=args.min_high,
-                     extra=extra, out=out)
+                     min_high=args.min_high, extra=extra, out=out,
+                     high_only=args.high_only)
     except (RuntimeError, TimeoutError, ValueError) as e:
         print(f"overload: {e}", file=sys.stderr)
         return 1

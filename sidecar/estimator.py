@@ -239,6 +239,8 @@ class ServiceRateEstimator:
         self.completed = 0
         """Requests that completed in the engine since start (calibration aside): each
         taught its pool how much of ``max_tokens`` an answer uses."""
+        self.calibration: tuple[Any, ...] = ()
+        """The samples given to :meth:`calibrate` (the warm-up's timed generations)."""
 
     # -------------------------------------------------------------- observations
 
@@ -276,6 +278,8 @@ class ServiceRateEstimator:
         """Seed the engine-wide figures with measured generations (objects with
         ``batch``, ``ttft_s``, ``tpot_s``; see :func:`sidecar.warmup.calibrate`). No pool's
         own figures change: how long a pool's answers are is learnt from its requests."""
+        samples = tuple(samples)
+        self.calibration = samples
         for s in samples:
             self._all_ttft.update(s.ttft_s)
             self._ttft_pairs.append((s.ttft_s, float(s.batch)))

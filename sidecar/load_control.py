@@ -29,15 +29,21 @@ class LoadControl:
         config: The scheduler's limits.
         pools: The scheduler's pools (read, never changed here).
         estimator: Online service-rate estimate.
-        in_flight: Requests currently inside the engine (all pools).
+        in_flight: Requests currently inside the engine (all pools, late work included).
+        late: Late work inside the engine: requests generating past their deadline for
+            a backfill, which the dispatcher aborts as soon as on-time work needs their
+            slot. They count as free slots for on-time work and as the first to go when
+            a request needs a small batch.
     """
 
     def __init__(self, config: SchedulerConfig, pools: dict[Priority, Pool],
-                 estimator: ServiceRateEstimator, *, in_flight: Callable[[], int]) -> None:
+                 estimator: ServiceRateEstimator, *, in_flight: Callable[[], int],
+                 late: Callable[[], int] = lambda: 0) -> None:
         self.config = config
         self.pools = pools
         self.estimator = estimator
         self._in_flight = in_flight
+        self._late = late
         self._pool_list = list(pools.values())
         marks = config.load_shedding.queue_depth
         self._lowest_queue_mark = min((marks[name] for name in ("low", "normal") if name in marks),
@@ -46,6 +52,11 @@ class LoadControl:
     def in_flight(self) -> int:
         """Requests inside the engine now (all pools, late work included)."""
         return self._in_flight()
+
+    def on_time_in_flight(self) -> int:
+        """Requests inside the engine that on-time work cannot take the slot of: all but
+        the late work."""
+        return self._in_flight() - self._late()
 
     def total_queued(self) -> int:
         """Requests waiting in all pools."""
@@ -79,7 +90,7 @@ class LoadControl:
     def slot_free(self, req: SidecarRequest) -> bool:
         """Whether ``req`` could start now if nothing in its pool were ahead of it."""
         assert req.priority is not None
-        return (self._in_flight() < self.batch_limit(req.priority)
+        return (self.on_time_in_flight() < self.batch_limit(req.priority)
                 and self.pools[req.priority].has_room_for(req))
 
     def victims(self, priority: Priority) -> list[Running]:
@@ -101,7 +112,7 @@ class LoadControl:
         pool = self.pools[req.priority]
         now = self.estimator.clock()
         step = self.estimator.tpot_s(req.priority)
-        if self._in_flight() < self.batch_limit(req.priority):
+        if self.on_time_in_flight() < self.batch_limit(req.priority):
             running, share = pool.running.values(), 1.0  # blocked by its own pool's limits
         else:
             running = [r for p in self.pools.values() for r in p.running.values()]
@@ -124,7 +135,7 @@ class LoadControl:
         pool = self.pools[req.priority]
         if ahead is None:
             ahead = pool.queued
-            in_flight = self._in_flight()
+            in_flight = self.on_time_in_flight()
             if (in_flight + self.total_queued() < self.batch_limit(req.priority)
                     and pool.in_flight + pool.queued < pool.config.max_in_flight):
                 return 0.0  # everything queued starts at the next dispatch, this one too
@@ -138,12 +149,13 @@ class LoadControl:
 
     def preempt_wait_s(self, req: SidecarRequest, ahead: int | None = None) -> float | None:
         """Expected wait of ``req`` when lower-priority work is preempted for it (one
-        decode step), or ``None`` when there is not enough to preempt (for it and the
-        ``ahead`` requests before it; ``None``: all its pool has queued)."""
+        decode step), or ``None`` when there is not enough to preempt or abort (late
+        work) for it and the ``ahead`` requests before it (``None``: all its pool has
+        queued)."""
         assert req.priority is not None
         if ahead is None:
             ahead = self.pools[req.priority].queued
-        if len(self.victims(req.priority)) < ahead + 1:
+        if len(self.victims(req.priority)) + self._late() < ahead + 1:
             return None
         return self.estimator.tpot_s(req.priority, self._in_flight())
 
@@ -227,8 +239,9 @@ class LoadControl:
         """The batch size ``req`` should run in to finish by its deadline after waiting
         ``wait_s``: the batch it would join (sequences running plus itself; with
         ``largest``, the engine's ``max_in_flight``) when that fits, else the largest
-        smaller batch that fits and that preempting lower work can reach
-        (``preemption.shrink_batch``); ``None`` when none fits."""
+        smaller batch that fits and that aborting late work and preempting lower work
+        can reach (``preemption.shrink_batch``); ``None`` when none fits, so not even
+        the smallest batch the engine can give it."""
         assert req.priority is not None
         natural = min(self._in_flight() + 1, self.config.max_in_flight)
         if largest:
@@ -246,7 +259,7 @@ class LoadControl:
         cfg = self.config.preemption
         if not (cfg.enabled and cfg.shrink_batch):
             return None
-        floor = self._in_flight() - len(self.victims(req.priority)) + 1
+        floor = self.on_time_in_flight() - len(self.victims(req.priority)) + 1
         for batch in range(natural - 1, max(floor, 1) - 1, -1):
             if fits(batch):
                 return batch

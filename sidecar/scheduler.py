@@ -129,7 +129,8 @@ class Scheduler:
         self._area = 0.0
         self._area_at = time.monotonic()
         self.load = LoadControl(config, self.pools, self.estimator,
-                                in_flight=lambda: self._in_flight_total)
+                                in_flight=lambda: self._in_flight_total,
+                                late=lambda: len(self._late))
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._timers = DeadlineTimers()
         """Every deadline of a queued or running request, behind one loop timer."""
@@ -379,8 +380,11 @@ class Scheduler:
         pool.started(req, Running(req, now, now + service_s,
                                   self._preemptions.get(rid, 0) if self._preemptions else 0,
                                   target))
-        if target is not None:  # it needs a small batch: make room now
+        if target is not None:  # it needs a small batch: make room now, late work first
             excess = self._in_flight_total + 1 - target
+            for late in self._late_victims()[:max(excess, 0)]:
+                self._abort_late(late, "a request that needs a small batch started")
+                excess -= 1
             for victim in self.load.victims(req.priority)[:max(excess, 0)]:
                 self._preempt(victim)
         self._batch_area(now)
@@ -649,10 +653,14 @@ class Scheduler:
         if not any((head := pool.head()) is not None and pool.has_room_for(head)
                    for pool in self.pools.values()):
             return False
-        victim = max((r for r, _ in self._late.values()),
-                     key=lambda r: (int(r.priority or 0), -r.deadline_ts))
-        self._abort_late(victim, "an on-time request needed its engine slot")
+        self._abort_late(self._late_victims()[0], "an on-time request needed its engine slot")
         return True
+
+    def _late_victims(self) -> list[SidecarRequest]:
+        """Late work in the order it gives way: lowest priority first, then the most
+        overdue."""
+        return sorted((r for r, _ in self._late.values()),
+                      key=lambda r: (-int(r.priority or 0), r.deadline_ts))
 
     def _abort_late(self, req: SidecarRequest, why: str) -> None:
         """Abort late work now: its slot is free at once, and it gets no late row."""
@@ -845,4 +853,5 @@ class Scheduler:
             preemptions=c.preemptions,
             wait_error_s=c.wait_error_summary(),
             result_channel=self.results.stats() if self.results is not None else None,
+            calibration=self.estimator.calibration,
         )

@@ -112,6 +112,9 @@ def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, mode
         late_aborted=s.late_aborted,
         late_in_flight=s.late_in_flight,
         result_channel=_channel_to_proto(s.result_channel),
+        calibration=[pb.EngineSpeed(batch=c.batch, ttft_ms=c.ttft_s * 1000.0,
+                                    tpot_ms=(c.tpot_s or 0.0) * 1000.0)
+                     for c in s.calibration],
     )
 
 

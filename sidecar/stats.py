@@ -64,6 +64,9 @@ class SchedulerStats:
     """Per pool: ``p50``/``p99`` of actual minus estimated queue wait (seconds) and ``n``."""
     result_channel: ResultChannelStats | None = None
     """The result channel's figures (``None``: the scheduler was given no channel)."""
+    calibration: tuple = ()
+    """The warm-up's timed generations (:class:`~sidecar.warmup.SpeedSample`), as given
+    to :meth:`~sidecar.estimator.ServiceRateEstimator.calibrate`."""
 
     @property
     def queued(self) -> dict[Priority, int]:

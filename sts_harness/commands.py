@@ -23,7 +23,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     l1l2_commands.register(sub)
     trace_commands.register(sub)
     demo = sub.add_parser("demo", help="run the whole system end to end on this machine")
-    demo.add_argument("--rate", type=positive(float), default=3.0, help="events per second")
+    demo.add_argument("--rate", type=positive(float), default=None,
+                      help="events per second (default: --overload x the model requests/s "
+                           "the engine's warm-up measured, with --max-tokens cut so a high "
+                           "answer fits half its SLA at the full batch; 3 with --engine "
+                           "simulated)")
+    demo.add_argument("--overload", type=positive(float), default=None,
+                      help="without --rate: offered model requests over the engine's "
+                           "measured capacity (default 1.5)")
     demo.add_argument("--duration", type=positive(float), default=40.0,
                       help="seconds of replay")
     demo.add_argument("--out", default=None,
@@ -35,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--engine", choices=ENGINES.names, default=ENGINES.default,
                       help="the sidecar's engine (simulated: a timing model, for a quick look)")
     demo.add_argument("--max-tokens", type=positive(int), default=48,
-                      help="max_tokens of each request")
+                      help="max_tokens of each request (at most, without --rate)")
     demo.add_argument("--l1l2", action=argparse.BooleanOptionalAction, default=True,
                       help="L1 routing (MiniLM + classifier), L2 retrieval (Milvus Lite) and "
                            "the feature lookup (on by default; --no-l1l2: every event to "
@@ -314,7 +321,10 @@ def _run_demo(args: argparse.Namespace) -> int:
         print(f"sts: needs module {e.name!r}; {SPARK_EXTRA_HINT} (sts demo)", file=sys.stderr)
         return 2
     try:
-        opts = DemoOptions(rate=args.rate, duration=args.duration,
+        from sts_harness.demo_sizing import DEFAULT_FACTOR
+
+        opts = DemoOptions(rate=args.rate, overload=args.overload or DEFAULT_FACTOR,
+                           duration=args.duration,
                            out=args.out or default_out(args.source),
                            engine=args.engine, max_tokens=args.max_tokens,
                            overwrite=args.overwrite, l1l2=args.l1l2,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -23,6 +24,7 @@ from pathlib import Path
 from sidecar import percentiles
 from sidecar.contract import PRIORITY_NAMES
 from spark_ext.kinds import RESULT_READERS
+from sts_harness.demo_sizing import DEFAULT_FACTOR, DemoSizing, sizing_from_stats
 from sts_harness.hops import format_hops, hop_latencies
 from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
 
@@ -49,6 +51,9 @@ def default_out(source: str) -> str:
         ('./sts-demo', './sts-demo-kafka')
     """
     return "./sts-demo" if source == "files" else f"./sts-demo-{source}"
+#: Events/s of a demo that cannot size itself by the engine (the simulated engine, no
+#: calibration) and was given no ``--rate``.
+UNSIZED_RATE = 3.0
 #: The demo's events topic (``--source kafka``).
 DEMO_TOPIC = "sts-demo-events"
 
@@ -57,8 +62,13 @@ DEMO_TOPIC = "sts-demo-events"
 class DemoOptions:
     """Knobs of ``sts demo``."""
 
-    rate: float = 3.0
-    """Events per second replayed into the landing directory."""
+    rate: float | None = None
+    """Events per second replayed; ``None``: :attr:`overload` x the engine's capacity as
+    its warm-up measured it, with :attr:`max_tokens` cut to what the engine can answer
+    in half of ``high``'s SLA (:mod:`sts_harness.demo_sizing`)."""
+
+    overload: float = DEFAULT_FACTOR
+    """Without :attr:`rate`: offered model requests over the engine's measured capacity."""
 
     duration: float = 40.0
     """Seconds of replay."""
@@ -70,7 +80,7 @@ class DemoOptions:
     """Sidecar engine (``vllm``, or ``simulated`` for a quick look)."""
 
     max_tokens: int = 48
-    """``max_tokens`` of each request."""
+    """``max_tokens`` of each request (at most that, when the demo sizes itself)."""
 
     sla_ms: tuple[int, int, int] = (8000, 15000, 30000)
     """SLA of high, normal and low requests."""
@@ -121,8 +131,10 @@ class DemoOptions:
                              f"{', '.join(RESULT_READERS.names)}")
         if self.bootstrap_servers and self.source != "kafka":
             raise ValueError("--bootstrap-servers needs --source kafka")
-        if not self.rate > 0:
+        if self.rate is not None and not self.rate > 0:
             raise ValueError(f"{self.rate=} must be > 0 events/s")
+        if not self.overload > 0:
+            raise ValueError(f"{self.overload=} must be > 0")
         if not self.duration > 0:
             raise ValueError(f"{self.duration=} must be > 0 seconds")
         if self.max_tokens < 1:
@@ -375,7 +387,10 @@ def run_demo(opts: DemoOptions) -> dict:
     stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar, broker
     log = out / "demo.log"
     _log_to_file(stack, log)
-    print(f"sts demo: {opts.rate:g} events/s for {opts.duration:g} s, {opts.engine} engine, "
+    rate = (f"{opts.rate:g} events/s" if opts.rate is not None
+            else f"{opts.overload:g}x the engine's measured capacity" if opts.engine == "vllm"
+            else f"{UNSIZED_RATE:g} events/s")
+    print(f"sts demo: {rate} for {opts.duration:g} s, {opts.engine} engine, "
           f"{opts.source} route, writer {opts.resolved_writer()}; output {out}; log {log}", flush=True)
     try:
         if opts.engine == "vllm":
@@ -396,6 +411,7 @@ def run_demo(opts: DemoOptions) -> dict:
                 (["--engine-arg", "block_size=32"] if opts.engine == "vllm" else [])
                 + (kafka_results_args(bootstrap) if bootstrap else []))
         print(f"Sidecar serving on {sidecar.target}", flush=True)
+        opts, sizing = sized(opts, sidecar.client)
 
         from spark_ext import StsPipeline
         from spark_ext.session import session_scope
@@ -432,11 +448,44 @@ def run_demo(opts: DemoOptions) -> dict:
         if failure is None:
             pipeline.process_all_available()
         summary = _demo_summary(opts, out, sidecar, pipeline, replayer, wall_s)
+        summary["sizing"] = sizing_summary(sizing, summary, opts.duration)
         summary["incomplete"] = failure
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         return summary
     finally:
         stack.close()  # Spark is stopped only if the demo started it
+
+
+def sized(opts: DemoOptions, client) -> tuple[DemoOptions, DemoSizing | None]:
+    """``opts`` with the rate and ``max_tokens`` the real engine's calibration gives
+    (printed), unless ``--rate`` was given. The simulated engine's speed is a setting,
+    not a machine's: it gets :data:`UNSIZED_RATE`, as does an engine that measured no
+    calibration (said so)."""
+    if opts.rate is not None:
+        return opts, None
+    sizing = None
+    if opts.engine == "vllm":
+        sizing = sizing_from_stats(client.stats(), max_tokens=opts.max_tokens,
+                                   high_sla_ms=opts.sla_ms[0], factor=opts.overload,
+                                   l1l2=opts.l1l2)
+    if sizing is None:
+        why = ("the simulated engine" if opts.engine != "vllm"
+               else "the sidecar measured no calibration (warmup.calibrate off)")
+        print(f"Rate: {UNSIZED_RATE:g} events/s ({why}; --rate to change)", flush=True)
+        return dataclasses.replace(opts, rate=UNSIZED_RATE), None
+    print(sizing.describe(), flush=True)
+    return dataclasses.replace(opts, rate=sizing.rate, max_tokens=sizing.max_tokens), sizing
+
+
+def sizing_summary(sizing: DemoSizing | None, summary: dict, duration_s: float) -> dict | None:
+    """The sizing's figures and the overload the run got: the events left to the model
+    per second of replay over the measured capacity."""
+    if sizing is None:
+        return None
+    to_llm = sum(v.get("to_llm") or 0 for v in summary["llm_within_sla"].values())
+    offered = to_llm / duration_s
+    return sizing.as_dict() | {"model_requests_per_s": round(offered, 3),
+                               "offered_factor": round(offered / sizing.capacity_rps, 2)}
 
 
 def _kafka_cluster(stack: contextlib.ExitStack, opts: DemoOptions, out: Path) -> str:
@@ -649,6 +698,10 @@ def print_summary(summary: dict) -> None:
     if summary.get("incomplete"):
         print(f"INCOMPLETE: {summary['incomplete']}")
     print(f"events replayed      {summary['events']}")
+    if (s := summary.get("sizing")) is not None:
+        print(f"overload             {s['model_requests_per_s']:.2f} model requests/s offered, "
+              f"{s['offered_factor']:g}x the measured capacity {s['capacity_rps']:.2f}/s "
+              f"(sized for {s['factor']:g}x; answers of {s['max_tokens']} tokens)")
     print(f"answers              {summary['answers']}  by source {summary['answers_by_source']}")
     print(f"fallbacks by cause   {summary['fallbacks_by_reason'] or '{}'}")
     if (r := summary.get("retrieval")) is not None:

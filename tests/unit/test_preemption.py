@@ -239,3 +239,37 @@ def test_served_share_is_ordered_high_normal_low_on_a_cpu_like_engine() -> None:
     assert share[HIGH] >= 0.5, share
     without = _served_on_time(shrink_batch=False)
     assert without[HIGH] < without[NORMAL] and without[HIGH] < share[HIGH], without
+
+
+def test_late_low_work_in_a_full_engine_gives_way_to_a_feasible_high() -> None:
+    """Late ``low`` work (past its deadline, generating on for a backfill) fills the
+    engine; a ``high`` request that can finish only in a small batch is admitted and
+    finishes on time: late work is aborted for it at once, so it is no floor under the
+    batch ``high`` can get (issue 31). Before, admission counted late work as slots that
+    stay and refused the request as ``deadline_infeasible``."""
+    from sidecar.warmup import SpeedSample
+
+    seen: dict[str, object] = {}
+
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        # admitted before the engine's speed is known (nothing refuses them then)
+        s.submit_batch([make_sidecar_request(f"low{i}", priority=LOW, max_tokens=2000,
+                                             deadline_in_ms=300) for i in range(8)])
+        await until(lambda: len(s._late) == 8, 10)  # all eight generate past their deadline
+        # 16 ms per token alone, 58 ms in a batch of 8 (the engine below)
+        s.estimator.calibrate([SpeedSample(1, 0.016, 0.016), SpeedSample(8, 0.058, 0.058)])
+        # 40 tokens: ~0.65 s alone, ~2.3 s at batch 8; 1.2 s fits a batch of 3 or fewer
+        [ack] = s.submit_batch([make_sidecar_request("hi", priority=HIGH, max_tokens=40,
+                                                     deadline_in_ms=1200)])
+        seen["ack"] = ack
+        await until(lambda: any(r.request_id == "hi" for r in results), 10)
+        seen["late_left"] = len(s._late)
+
+    config = _config(8)
+    config.pools["low"].on_deadline = "finish_and_backfill"
+    results = run_in_virtual_time(with_scheduler(_engine(8, per_seq_ms=6.0), config, body))
+    ack = seen["ack"]
+    assert ack.accepted, ack  # type: ignore[attr-defined]
+    hi = _by_id(results)["hi"]
+    assert hi.status == "ok" and hi.finish_ts <= hi.deadline_ts, hi
+    assert seen["late_left"] <= 2, "late work was aborted down to the batch high needed"

@@ -120,7 +120,10 @@ def test_the_sidecar_warms_up_before_serving_and_reports_it(
         def probe() -> None:
             with SidecarClient(f"127.0.0.1:{port}") as client:
                 client.wait_until_serving(20)
-                seen["submitted"] = client.stats().submitted
+                stats = client.stats()
+                seen["submitted"] = stats.submitted
+                seen["calibration"] = [(c.batch, c.ttft_ms > 0, c.tpot_ms > 0)
+                                       for c in stats.calibration]
             body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                           timeout=10).read().decode()
             seen["metric"] = next(line for line in body.splitlines()
@@ -136,6 +139,9 @@ def test_the_sidecar_warms_up_before_serving_and_reports_it(
     with caplog.at_level(logging.INFO, logger="sidecar.warmup"):
         asyncio.run(main())
     assert seen["submitted"] == 0, "warm-up requests do not count"
+    full = config.scheduler.max_in_flight
+    assert seen["calibration"] == [(1, True, True)] + [(full, True, True)] * full, \
+        "GetStats carries the calibration: one generation alone, then the full batch"
     assert float(str(seen["metric"]).split()[1]) > 0
     assert seen["engine_up"] is True
     assert any("Warm-up: 8 generations (4 prompts x 2 rounds)" in r.getMessage()

@@ -693,6 +693,7 @@ class GetStatsResponse(_message.Message):
     LATE_ABORTED_FIELD_NUMBER: _builtins.int
     LATE_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     RESULT_CHANNEL_FIELD_NUMBER: _builtins.int
+    CALIBRATION_FIELD_NUMBER: _builtins.int
     sidecar_id: _builtins.str
     engine: _builtins.str
     """/ "vllm" or "simulated"."""
@@ -737,6 +738,13 @@ class GetStatsResponse(_message.Message):
     def result_channel(self) -> Global___ResultChannelStats:
         """/ Where result rows go, and how many are not delivered yet."""
 
+    @_builtins.property
+    def calibration(self) -> _containers.RepeatedCompositeFieldContainer[Global___EngineSpeed]:
+        """/ The warm-up's calibration: one entry per timed generation (alone, then at
+        / the full batch); empty when calibration is off. What the engine can do,
+        / before any request taught the scheduler (clients size their load by it).
+        """
+
     def __init__(
         self,
         *,
@@ -763,14 +771,44 @@ class GetStatsResponse(_message.Message):
         late_aborted: _builtins.int = ...,
         late_in_flight: _builtins.int = ...,
         result_channel: Global___ResultChannelStats | None = ...,
+        calibration: _abc.Iterable[Global___EngineSpeed] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["result_channel", b"result_channel"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "calibration", b"calibration", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class EngineSpeed(_message.Message):
+    """/ One timed generation of the warm-up's calibration."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_FIELD_NUMBER: _builtins.int
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    batch: _builtins.int
+    """/ Sequences in the engine while it ran."""
+    ttft_ms: _builtins.float
+    """/ Time to first token and per output token after it, ms (tpot_ms 0: one token)."""
+    tpot_ms: _builtins.float
+    def __init__(
+        self,
+        *,
+        batch: _builtins.int = ...,
+        ttft_ms: _builtins.float = ...,
+        tpot_ms: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineSpeed: _TypeAlias = EngineSpeed  # noqa: Y015
 
 @_typing.final
 class ResultChannelStats(_message.Message):
