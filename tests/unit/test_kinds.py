@@ -97,6 +97,46 @@ def test_a_toy_kind_is_one_registration() -> None:
         EVENT_SOURCES._entries.pop("toy")
 
 
+def test_a_toy_engine_and_result_channel_serve_a_request() -> None:
+    """Registered, a toy engine and a toy result channel are accepted by the sidecar's
+    config, built by its factories, and serve a request from admission to its row."""
+    import asyncio
+
+    from sidecar import SchedulerConfig
+    from sidecar.scheduler import Scheduler
+    from tests.utils import make_sidecar_request, until
+
+    ENGINES.register("toy", "tests.unit.toy_kinds", "ToyEngine")
+    RESULT_CHANNELS.register("toy", "tests.unit.toy_kinds", "ToyResultChannel")
+    try:
+        config = SidecarConfig.from_dict({"engine": {"kind": "toy"},
+                                          "results": {"kind": "toy"}})
+        engine = build_engine(config.engine)
+        channel = build_result_channel(config.results, "s0")
+        assert (type(engine).__name__, type(channel).__name__) == ("ToyEngine",
+                                                                   "ToyResultChannel")
+        assert "toy" in _choices("sidecar", "engine")
+
+        async def serve() -> None:
+            await engine.start()
+            scheduler = Scheduler(engine, channel.emit, SchedulerConfig(), "s0",
+                                  results=channel)
+            scheduler.start()
+            try:
+                [ack] = scheduler.submit_batch([make_sidecar_request("t1", max_tokens=4)])
+                assert ack.accepted, ack
+                await until(lambda: len(channel.rows) == 1)
+            finally:
+                await scheduler.abort_all()
+                await engine.shutdown()
+
+        asyncio.run(serve())
+        assert [(r.request_id, r.status) for r in channel.rows] == [("t1", "ok")]
+    finally:
+        ENGINES._entries.pop("toy")
+        RESULT_CHANNELS._entries.pop("toy")
+
+
 def test_a_name_registered_twice_is_refused() -> None:
     registry: KindRegistry = KindRegistry("thing", "x.kind")
     registry.register("a", "math", "sqrt")
