@@ -15,8 +15,9 @@ from sidecar.lazy_exports import lazy_exports
 
 #: Public name -> the module it comes from.
 _EXPORTS = {
+    # From sidecar.acks
+    "Ack": "sidecar.acks",
     # From sidecar.admission
-    "Ack": "sidecar.admission",
     "DedupeWindow": "sidecar.admission",
     # From sidecar.atomic_files
     "write_atomically": "sidecar.atomic_files",
@@ -122,7 +123,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
-    from sidecar.admission import Ack, DedupeWindow
+    from sidecar.acks import Ack
+    from sidecar.admission import DedupeWindow
     from sidecar.atomic_files import write_atomically, write_folder_atomically, write_parquet_atomically, write_text_atomically
     from sidecar.client import SidecarClient, request_to_proto
     from sidecar.config import EngineConfig, KafkaChannelConfig, ResultChannelConfig, SchedulerConfig, ServerConfig, SidecarConfig

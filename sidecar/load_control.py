@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from sidecar.admission.refusal import Refusal
+from sidecar.acks import Refusal
 from sidecar.config import SchedulerConfig
 from sidecar.contract import Priority, RefusalReason, now_ms
 from sidecar.estimator import ServiceRateEstimator

@@ -53,7 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sidecar.admission import Ack, Admission, Gate, Refusal
+from sidecar.acks import Ack, Refusal
+from sidecar.admission import Admission, Gate
 from sidecar.config import SchedulerConfig
 from sidecar.contract import FinishReason, Priority, Status, now_ms
 from sidecar.engines import Engine, EngineRequest

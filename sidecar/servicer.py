@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from sidecar.admission import Ack
+from sidecar.acks import Ack
 from sidecar.contract import FinishReason, Priority, RefusalReason, Status
 from sidecar.exceptions import EngineDeadError
 from sidecar.pb.sts.v1 import inference_pb2 as pb

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from sidecar.admission import Ack
+from sidecar.acks import Ack
 from sidecar.contract import TRACEPARENT, parse_traceparent, traceparent_sampled
 from sidecar.otel import Tracing, start_tracing
 from sidecar.request_state import ResultRecord, SidecarRequest

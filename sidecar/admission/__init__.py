@@ -13,8 +13,8 @@ from sidecar.admission.load import LoadCheck
 # From sidecar.admission.pipeline
 from sidecar.admission.pipeline import Admission
 
-# From sidecar.admission.refusal
-from sidecar.admission.refusal import Ack, Refusal
+# From sidecar.acks (below admission: the load model and tracing use them too)
+from sidecar.acks import Ack, Refusal
 
 # From sidecar.admission.validate
 from sidecar.admission.validate import check_prompt_tokens, check_request_id, check_static

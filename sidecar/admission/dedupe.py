@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sidecar.admission.refusal import Ack
+from sidecar.acks import Ack
 from sidecar.contract import Priority, RefusalReason
 
 _PRIORITY_CODES = {None: 0, **{p: int(p) for p in Priority}}

@@ -8,7 +8,7 @@ write one row, now (a refusal) or later (its result), so the gate lets a request
 through only while the channel's room, less the rows that queued and running requests
 will still write, stays above the channel's reserve. The reserve is for the refusals'
 own rows; once it is used up as well, a refusal is answered in its ack alone
-(:attr:`~sidecar.admission.refusal.Refusal.row` false).
+(:attr:`~sidecar.acks.Refusal.row` false).
 
 The engine and drain state are read once per batch (nothing changes them while a batch
 is admitted), and so is the channel's room; each request then takes one row of it.
@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sidecar.admission.refusal import Refusal
+from sidecar.acks import Refusal
 from sidecar.contract import RefusalReason
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecar.admission.refusal import Refusal
+from sidecar.acks import Refusal
 from sidecar.contract import Priority, RefusalReason, now_ms
 from sidecar.request_state import SidecarRequest
 

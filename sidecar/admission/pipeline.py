@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from sidecar.admission.dedupe import DedupeWindow
 from sidecar.admission.gate import Gate
 from sidecar.admission.load import LoadCheck
-from sidecar.admission.refusal import Ack, Refusal
+from sidecar.acks import Ack, Refusal
 from sidecar.admission.validate import check_prompt_tokens, check_request_id, check_static
 from sidecar.config import SchedulerConfig
 from sidecar.contract import Priority, now_ms

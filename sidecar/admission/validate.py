@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from sidecar.admission.refusal import Refusal
+from sidecar.acks import Refusal
 from sidecar.config import SchedulerConfig
 from sidecar.contract import RefusalReason, attributes_problem
 from sidecar.request_state import SidecarRequest

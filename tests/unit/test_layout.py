@@ -20,6 +20,27 @@ SIDECAR_PUBLIC = ("sidecar.contract", "sidecar.client", "sidecar.pb")
 #: pipeline that wires them. A module imports only from its own layer or below.
 SPARK_EXT_LAYERS = ("spark_ext", "spark_ext.sources", "spark_ext.l1", "spark_ext.l2",
                     "spark_ext.submit", "spark_ext.l4", "spark_ext.pipeline")
+#: The layers of ``sidecar`` from the bottom up, each a tuple of modules or packages (a
+#: package holds its submodules): generic helpers and the wire contract (with its
+#: generated code); the config;
+#: the parts a request passes through (its state, engines, result channels, the acks,
+#: the estimates); the load model and what reports on it; admission; the scheduler; what
+#: serves and starts it. A module imports only from its own layer or below
+#: (``sidecar/__init__.py``, the public API, re-exports from all of them).
+SIDECAR_LAYERS = (
+    ("sidecar.exceptions", "sidecar.contract", "sidecar.atomic_files", "sidecar.config_files",
+     "sidecar.credentials", "sidecar.event_loop", "sidecar.lazy_exports", "sidecar.quantiles",
+     "sidecar.timers", "sidecar.otel", "sidecar.gpu_metrics", "sidecar.shipped",
+     "sidecar.stats_report", "sidecar.kinds", "sidecar.interceptors", "sidecar.pb"),
+    ("sidecar.config", "sidecar.security"),
+    ("sidecar.request_state", "sidecar.engines", "sidecar.model_prep", "sidecar.warmup",
+     "sidecar.result_channels", "sidecar.acks", "sidecar.estimator", "sidecar.pools"),
+    ("sidecar.load_control", "sidecar.stats", "sidecar.metrics", "sidecar.tracing"),
+    ("sidecar.admission",),
+    ("sidecar.scheduler",),
+    ("sidecar.servicer", "sidecar.server", "sidecar.client", "sidecar.commands",
+     "sidecar.cli"),
+)
 #: Third-party packages the sidecar must not need (it runs alone on GPU nodes).
 NOT_IN_SIDECAR = ("pyspark", "pandas", "numpy", "deltalake", "matplotlib")
 
@@ -94,6 +115,35 @@ def test_the_layer_check_sees_an_upward_import() -> None:
             ["spark_ext.l1.__layer_probe__ imports spark_ext.l4.answers"]
     finally:
         tmp.unlink()
+
+
+def _sidecar_layer(name: str) -> int:
+    """The index in :data:`SIDECAR_LAYERS` of a ``sidecar`` module."""
+    for i, layer in enumerate(SIDECAR_LAYERS):
+        if any(name == m or name.startswith(m + ".") for m in layer):
+            return i
+    raise AssertionError(f"{name} is in no layer of SIDECAR_LAYERS")
+
+
+def _sidecar_upward(imports: dict[str, set[str]]) -> list[str]:
+    return [f"{mod} imports {imp}" for mod, imps in imports.items()
+            if _top(mod) == "sidecar" and mod != "sidecar"  # the public API re-exports
+            for imp in imps if _top(imp) == "sidecar" and imp != "sidecar"
+            and _sidecar_layer(imp) > _sidecar_layer(mod)]
+
+
+def test_sidecar_layers_import_downwards_only() -> None:
+    """Helpers < config < a request's parts < the load model < admission < scheduler <
+    serving: no sidecar module imports one above it (admission's ``Ack``/``Refusal`` live
+    below it, in ``sidecar.acks``, because the load model uses them too)."""
+    for mod in MODULES:
+        if _top(mod) == "sidecar" and mod != "sidecar":
+            _sidecar_layer(mod)  # every module is in a layer
+    wrong = _sidecar_upward(IMPORTS)
+    assert not wrong, wrong
+    # the check sees an upward import (the load model importing admission)
+    assert _sidecar_upward({"sidecar.load_control": {"sidecar.admission.gate"}}) == \
+        ["sidecar.load_control imports sidecar.admission.gate"]
 
 
 def _sidecar_exports() -> set[str]:

@@ -1,5 +1,5 @@
 """What admission answers: an :class:`Ack` per request, and the :class:`Refusal` behind a
-refused one."""
+refused one. Below :mod:`sidecar.admission`: the load model and tracing use them too."""
 
 from __future__ import annotations
 
