@@ -181,24 +181,42 @@ class LoadControl:
         ``max_tokens``, so the wait is an upper bound: it may admit, never refuse."""
         return wait_s if self.estimator.measured else 0.0
 
-    def _full_batch_service_s(self, req: SidecarRequest) -> float:
+    def batch_after_wait(self, req: SidecarRequest, ahead: int | None = None) -> int:
+        """The batch ``req`` can count on running in once its wait is over: the full
+        batch (``max_in_flight``), or, where lower work is held back for a request that
+        needs a small batch (``preemption.shrink_batch``), itself plus what starts
+        before it and is not lower: every request queued in a higher pool and the
+        ``ahead`` requests before it in its own (``None``: all its pool has queued)."""
+        assert req.priority is not None
+        full = self.config.max_in_flight
+        cfg = self.config.preemption
+        if not (cfg.enabled and cfg.shrink_batch):
+            return full
+        if ahead is None:
+            ahead = self.pools[req.priority].queued
+        higher = sum(pool.queued for p, pool in self.pools.items() if p < req.priority)
+        return min(full, ahead + higher + 1)
+
+    def _service_after_wait_s(self, req: SidecarRequest, ahead: int | None = None) -> float:
         assert req.priority is not None
         return self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
-                                        batch=self.config.max_in_flight)
+                                        batch=self.batch_after_wait(req, ahead))
 
-    def finishes_in_time(self, req: SidecarRequest, wait_s: float) -> bool:
+    def finishes_in_time(self, req: SidecarRequest, wait_s: float,
+                         ahead: int | None = None) -> bool:
         """Whether the deadline and the measured service time say ``req`` finishes in
-        time after waiting ``wait_s``: ``deadline_slack`` x (wait + service at the full
-        batch, ``max_in_flight``) fits before ``deadline_ts``. ``False`` while the
-        engine's speed is unknown (not calibrated, nothing finished)."""
+        time after waiting ``wait_s``: ``deadline_slack`` x (wait + service in the batch
+        it can count on then, :meth:`batch_after_wait`) fits before ``deadline_ts``.
+        ``False`` while the engine's speed is unknown (not calibrated, nothing
+        finished)."""
         if not self.estimator.warm:
             return False
         left_ms = req.deadline_ts - now_ms()
-        service_s = self._full_batch_service_s(req)
+        service_s = self._service_after_wait_s(req, ahead)
         return self.config.deadline_slack * (wait_s + service_s) * 1000.0 <= left_ms
 
     def queue_delay_refusal(self, req: SidecarRequest, wait_s: float, *,
-                            queued: bool = False) -> Refusal | None:
+                            queued: bool = False, ahead: int | None = None) -> Refusal | None:
         """The ``queue_delay_exceeded`` refusal of ``req``, or ``None`` when it may wait.
 
         The rule: a request may wait up to its pool's ``max_queue_delay_ms`` on no
@@ -214,17 +232,19 @@ class LoadControl:
             wait_s: The arrival's estimated wait, or the queued request's estimated
                 remaining wait; seconds, as given by :meth:`evidence_wait_s`.
             queued: See ``req``.
+            ahead: A queued request's position in its pool (``None``: an arrival).
         """
         assert req.priority is not None
         limit = self.pools[req.priority].config.max_queue_delay_ms
         if not queued and wait_s * 1000.0 <= limit:
             return None
-        if self.finishes_in_time(req, wait_s):
+        if self.finishes_in_time(req, wait_s, ahead):
             return None
         left_ms = req.deadline_ts - now_ms()
         room = (f"the deadline, {left_ms} ms away, does not leave room for "
                 f"{'the rest of ' if queued else ''}its wait ({wait_s * 1000:.0f} ms) and "
-                f"its service ({self._full_batch_service_s(req) * 1000:.0f} ms)"
+                f"its service ({self._service_after_wait_s(req, ahead) * 1000:.0f} ms at "
+                f"batch {self.batch_after_wait(req, ahead)})"
                 if self.estimator.warm else "the engine's speed is not measured yet")
         if queued:
             return Refusal(RefusalReason.QUEUE_DELAY_EXCEEDED,

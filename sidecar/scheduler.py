@@ -293,7 +293,7 @@ class Scheduler:
         assert req.priority is not None
         ahead = self.pools[req.priority].position(req)
         wait_s = self.load.evidence_wait_s(self.load.estimate_wait_s(req, ahead))
-        if refusal := self.load.queue_delay_refusal(req, wait_s, queued=True):
+        if refusal := self.load.queue_delay_refusal(req, wait_s, queued=True, ahead=ahead):
             self._leave_queue(req)
             self._shed(req, refusal)
         else:  # only its deadline ends its wait now

@@ -149,3 +149,34 @@ def test_a_queued_request_outlives_max_queue_delay_when_its_deadline_leaves_room
     rows = {r.request_id: r for r in results}
     assert rows["far"].status == "ok" and rows["busy"].status == "ok"
     assert rows["far"].first_token_ts - rows["far"].received_ts > 150
+
+
+def test_a_wait_is_judged_by_the_batch_the_request_will_get_not_the_full_one() -> None:
+    """A ``normal`` request behind an engine full of long ``low`` work waits longer than
+    its pool's ``max_queue_delay_ms``; in the full batch its service would end after the
+    deadline, but lower work is held back for a request that needs a small batch once it
+    starts, so with nothing ahead of it it counts on running alone, and is admitted (it
+    was refused ``queue_delay_exceeded`` before: issue 31). Behind queued ``high`` work,
+    which starts first and shares the batch, the same request is refused."""
+    from sidecar.pools import Running
+
+    load, pools = _load()
+    _measured(load)
+    NORMAL = Priority.NORMAL
+    for i in range(SLOTS):  # every slot: low work that ends in 20 s
+        low = make_sidecar_request(f"l{i}", priority=LOW, max_tokens=400)
+        pools[LOW].started(low, Running(low, 100.0, 120.0, live=True))
+    req = make_sidecar_request("n", priority=NORMAL, max_tokens=64, deadline_in_ms=27_000)
+    wait_s = load.evidence_wait_s(load.estimate_wait_s(req))
+    assert wait_s * 1000 > pools[NORMAL].config.max_queue_delay_ms
+    alone = load.estimator.service_s(NORMAL, max_tokens=64, batch=1)
+    full = load.estimator.service_s(NORMAL, max_tokens=64, batch=SLOTS)
+    assert wait_s + alone < 27.0 < wait_s + full  # fits alone, not in the full batch
+    assert LoadCheck(load).check(req) is None  # refused queue_delay_exceeded before
+    assert load.batch_after_wait(req) == 1
+    for i in range(SLOTS):  # high work queued: it starts first and fills the batch
+        pools[HIGH].push(make_sidecar_request(f"h{i}", priority=HIGH, max_tokens=64))
+    assert load.batch_after_wait(req) == SLOTS
+    refusal = LoadCheck(load).check(req)
+    assert refusal is not None and refusal.reason in (RefusalReason.QUEUE_DELAY_EXCEEDED,
+                                                      RefusalReason.DEADLINE_INFEASIBLE)
