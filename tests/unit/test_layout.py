@@ -4,6 +4,7 @@ alone, and the file list in docs/architecture.md (its "Layout") is the tree."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -89,11 +90,17 @@ def _spark_ext_layer(name: str) -> int:
     return SPARK_EXT_LAYERS.index(folder)
 
 
-def _layer_violations(imports: dict[str, set[str]]) -> list[str]:
+def _upward(imports: dict[str, set[str]], package: str, layer: Callable[[str], int]
+            ) -> list[str]:
+    """The imports inside ``package`` from a module to one in a higher ``layer``."""
     return [f"{mod} imports {imp}" for mod, imps in imports.items()
-            if _top(mod) == "spark_ext" and mod != "spark_ext"  # the public API re-exports
-            for imp in imps if _top(imp) == "spark_ext" and imp != "spark_ext"
-            and _spark_ext_layer(imp) > _spark_ext_layer(mod)]
+            if _top(mod) == package and mod != package  # the public API re-exports
+            for imp in imps if _top(imp) == package and imp != package
+            and layer(imp) > layer(mod)]
+
+
+def _layer_violations(imports: dict[str, set[str]]) -> list[str]:
+    return _upward(imports, "spark_ext", _spark_ext_layer)
 
 
 def test_spark_ext_layers_import_downwards_only() -> None:
@@ -126,10 +133,7 @@ def _sidecar_layer(name: str) -> int:
 
 
 def _sidecar_upward(imports: dict[str, set[str]]) -> list[str]:
-    return [f"{mod} imports {imp}" for mod, imps in imports.items()
-            if _top(mod) == "sidecar" and mod != "sidecar"  # the public API re-exports
-            for imp in imps if _top(imp) == "sidecar" and imp != "sidecar"
-            and _sidecar_layer(imp) > _sidecar_layer(mod)]
+    return _upward(imports, "sidecar", _sidecar_layer)
 
 
 def test_sidecar_layers_import_downwards_only() -> None:
