@@ -2,8 +2,9 @@
 
 A background thread delivers the events that are due every ``tick_s``: to a folder as
 one JSON-lines file (hidden temporary name, then rename, so Spark never reads half a
-file, :class:`FolderSink`), or to a Kafka topic as one JSON record each, keyed by the
-event id (:class:`KafkaTopicSink`). Each event's ``event_ts`` is its *scheduled* arrival
+file, :class:`FolderSink`; every 200 ms, a file per tick), or to a Kafka topic as one
+JSON record each, keyed by the event id (:class:`KafkaTopicSink`; every 50 ms, the
+load generator's tick, the way an application produces each event as it happens). Each event's ``event_ts`` is its *scheduled* arrival
 (epoch ms), so latency is measured from when the event was offered, however late the
 writer or the reader runs. The demo replays the shipped tickets at a fixed rate; the
 benchmarks replay generated traffic profiles.
@@ -29,6 +30,9 @@ class FolderSink:
     named by the run's start too, so a second run into the same folder adds files,
     never replaces the first run's."""
 
+    #: How often due events are written: a file per tick, so not too many files.
+    tick_s = 0.2
+
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -44,6 +48,10 @@ class FolderSink:
 class KafkaTopicSink:
     """Due events as JSON records on ``topic``, keyed by ``key_field`` (idempotent
     producer; each delivery waits until the broker has the records)."""
+
+    #: How often due events are produced: the load generator's tick (``send_on_schedule``),
+    #: so an event waits on the topic's side no longer than on the sidecar's.
+    tick_s = 0.05
 
     def __init__(self, bootstrap_servers: str, topic: str, *, key_field: str = "event_id",
                  producer: dict[str, str] | None = None) -> None:
@@ -74,7 +82,7 @@ class EventReplayer(threading.Thread):
         arrivals_s: Scheduled arrival of each event, seconds after the start, ascending.
         make_events: Called once at the start with the start time (epoch ms); returns
             the event rows, one per arrival, in the same order.
-        tick_s: How often due events are written.
+        tick_s: How often due events are written (default: the sink's ``tick_s``).
 
     Attributes:
         start_ms: Epoch ms of arrival time 0 (set when the thread starts).
@@ -82,14 +90,15 @@ class EventReplayer(threading.Thread):
     """
 
     def __init__(self, sink: Path | FolderSink | KafkaTopicSink, arrivals_s: Sequence[float],
-                 make_events: Callable[[int], list[dict]], *, tick_s: float = 0.2) -> None:
+                 make_events: Callable[[int], list[dict]], *, tick_s: float | None = None
+                 ) -> None:
         super().__init__(name="event-replayer", daemon=True)
         self.sink = sink if isinstance(sink, (FolderSink, KafkaTopicSink)) else FolderSink(sink)
         self.arrivals_s = list(arrivals_s)
         if self.arrivals_s != sorted(self.arrivals_s):
             raise ValueError("arrivals_s must be in ascending order")
         self.make_events = make_events
-        self.tick_s = tick_s
+        self.tick_s = self.sink.tick_s if tick_s is None else tick_s
         self.start_ms = 0
         self.offered = 0
         self._stop_event = threading.Event()
