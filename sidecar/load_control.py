@@ -45,6 +45,10 @@ class LoadControl:
         self._in_flight = in_flight
         self._late = late
         self._pool_list = list(pools.values())
+        self._pending = dict.fromkeys(pools, 0)
+        """Per pool, the requests admitted in the batch being admitted (not yet in their
+        queues) less the queued ones the watermarks will shed for them."""
+        self._pending_total = 0
         marks = config.load_shedding.queue_depth
         self._lowest_queue_mark = min((marks[name] for name in ("low", "normal") if name in marks),
                                       default=None)
@@ -58,12 +62,37 @@ class LoadControl:
         the late work."""
         return self._in_flight() - self._late()
 
+    def queued(self, priority: Priority) -> int:
+        """Requests waiting in ``priority``'s pool (with the batch being admitted)."""
+        return self.pools[priority].queued + self._pending[priority]
+
     def total_queued(self) -> int:
-        """Requests waiting in all pools."""
-        n = 0
+        """Requests waiting in all pools (with the batch being admitted)."""
+        n = self._pending_total
         for pool in self._pool_list:
             n += pool.queued
         return n
+
+    def admit_pending(self, priority: Priority) -> None:
+        """A request of ``priority`` was admitted in the batch being admitted: count it
+        as queued, behind its pool's queue, and the queued ``low`` (then ``normal``)
+        requests the queue watermarks will shed for it (:meth:`watermark_victims`) as
+        gone, until :meth:`clear_pending`."""
+        self._pending[priority] += 1
+        self._pending_total += 1
+        marks = self.config.load_shedding.queue_depth
+        for victim_priority in (Priority.LOW, Priority.NORMAL):
+            mark = marks.get(str(victim_priority))
+            while mark is not None and self.total_queued() > mark \
+                    and self.queued(victim_priority) > 0:
+                self._pending[victim_priority] -= 1
+                self._pending_total -= 1
+
+    def clear_pending(self) -> None:
+        """The batch is decided (its requests go into their queues now, or never)."""
+        if any(self._pending.values()):
+            self._pending = dict.fromkeys(self.pools, 0)
+            self._pending_total = 0
 
     def total_tokens_in_flight(self) -> int:
         """Prompt plus ``max_tokens`` of every request inside the engine."""
@@ -71,7 +100,7 @@ class LoadControl:
 
     def share(self, priority: Priority) -> float:
         """The pool's share of dispatches among the pools that have work."""
-        busy = [p for p, pool in self.pools.items() if pool.queued or pool.in_flight]
+        busy = [p for p, pool in self.pools.items() if self.queued(p) or pool.in_flight]
         weights = {p: self.pools[p].config.weight for p in set(busy) | {priority}}
         return weights[priority] / sum(weights.values())
 
@@ -118,7 +147,7 @@ class LoadControl:
             running = [r for p in self.pools.values() for r in p.running.values()]
             # Freed slots are contested only by pools with queued work.
             weights = {p: pool.config.weight for p, pool in self.pools.items()
-                       if pool.queued or p == req.priority}
+                       if self.queued(p) or p == req.priority}
             share = weights[req.priority] / sum(weights.values())
         return [max(r.expected_end - now, step) for r in running], share
 
@@ -134,10 +163,10 @@ class LoadControl:
         assert req.priority is not None
         pool = self.pools[req.priority]
         if ahead is None:
-            ahead = pool.queued
+            ahead = self.queued(req.priority)
             in_flight = self.on_time_in_flight()
             if (in_flight + self.total_queued() < self.batch_limit(req.priority)
-                    and pool.in_flight + pool.queued < pool.config.max_in_flight):
+                    and pool.in_flight + ahead < pool.config.max_in_flight):
                 return 0.0  # everything queued starts at the next dispatch, this one too
         slots = min(pool.config.max_in_flight, self.config.max_in_flight)
         ends, share = self._slots_free_in_s(req)
@@ -154,7 +183,7 @@ class LoadControl:
         queued)."""
         assert req.priority is not None
         if ahead is None:
-            ahead = self.pools[req.priority].queued
+            ahead = self.queued(req.priority)
         if len(self.victims(req.priority)) + self._late() < ahead + 1:
             return None
         return self.estimator.tpot_s(req.priority, self._in_flight())
@@ -193,8 +222,8 @@ class LoadControl:
         if not (cfg.enabled and cfg.shrink_batch):
             return full
         if ahead is None:
-            ahead = self.pools[req.priority].queued
-        higher = sum(pool.queued for p, pool in self.pools.items() if p < req.priority)
+            ahead = self.queued(req.priority)
+        higher = sum(self.queued(p) for p in self.pools if p < req.priority)
         return min(full, ahead + higher + 1)
 
     def _service_after_wait_s(self, req: SidecarRequest, ahead: int | None = None) -> float:

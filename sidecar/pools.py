@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from sidecar.config import PoolConfig
 from sidecar.contract import Priority
 from sidecar.request_state import RequestStatus, SidecarRequest
+from sidecar.timers import TimerEntry
 
 
 @dataclass(slots=True)
@@ -47,6 +48,8 @@ class Pool:
     queue: collections.deque[SidecarRequest] = field(default_factory=collections.deque)
     queued: int = 0
     """Requests still waiting (the deque may also hold lazily removed ones)."""
+    timers: dict[str, TimerEntry] = field(default_factory=dict)
+    """The queue timer of each waiting request (its queue delay or its deadline)."""
     in_flight: int = 0
     tokens_in_flight: int = 0
     running: dict[str, Running] = field(default_factory=dict)
@@ -61,6 +64,12 @@ class Pool:
     def push(self, req: SidecarRequest) -> None:
         self.queue.append(req)
         self.queued += 1
+
+    def leave(self, req: SidecarRequest) -> TimerEntry | None:
+        """``req`` stops waiting (the deque drops it lazily); returns its queue timer,
+        for the caller to cancel."""
+        self.queued -= 1
+        return self.timers.pop(req.request_id, None)
 
     def head(self) -> SidecarRequest | None:
         """The oldest request still queued (drops finished ones from the front)."""

@@ -1,11 +1,11 @@
 """Priority pools, dispatch into the engine, deadline aborts and the one terminal row.
 
 One :class:`Scheduler` per sidecar. :meth:`Scheduler.submit_batch` runs in the
-gRPC handler and hands the batch to the admission pipeline
-(:class:`~sidecar.admission.Admission`: validate, dedupe, gate, load), which answers
-one :class:`~sidecar.admission.Ack` per request at once and hands each accepted request
-back to :meth:`Scheduler._enqueue`; it never waits for generation. What happens after
-that is here.
+gRPC handler: the admission pipeline (:class:`~sidecar.admission.Admission`: validate,
+dedupe, gate, load) decides on the batch and returns its decisions (one
+:class:`~sidecar.admission.Ack` per request, the accepted requests, the refusals),
+which the scheduler applies at once; it never waits for generation. What happens
+after that is here.
 
 Once queued, a request is shed when it has waited ``max_queue_delay_ms`` and its
 deadline does not leave room for the rest of its wait and its service, when
@@ -54,17 +54,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sidecar.acks import Ack, Refusal
-from sidecar.admission import Admission, Gate
+from sidecar.admission import Admission, GateState
 from sidecar.config import SchedulerConfig
 from sidecar.contract import FinishReason, Priority, Status, now_ms
+from sidecar.dispatch_order import DispatchOrder
+from sidecar.engine_slots import EngineSlots, mean_batch
 from sidecar.engines import Engine, EngineRequest
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
+from sidecar.lifecycle import Lifecycle
 from sidecar.load_control import LoadControl
-from sidecar.pools import Pool, Running, WeightedPicker
+from sidecar.pools import Pool, Running
 from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
 from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
-from sidecar.timers import DeadlineTimers, TimerEntry
+from sidecar.timers import DeadlineTimers
+from sidecar.waiters import Waiters
 
 if TYPE_CHECKING:
     from sidecar.result_channels import ResultChannel
@@ -76,7 +80,8 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Run:
     """One run of a request in the engine: its outcome so far and its timings
-    (``time.monotonic()``; areas are :meth:`Scheduler._batch_area` readings)."""
+    (``time.monotonic()``; areas are
+    :meth:`~sidecar.engine_slots.EngineSlots.area` readings)."""
 
     started: float
     area_at_start: float
@@ -121,94 +126,82 @@ class Scheduler:
         self.log_requests = log_requests
         self._emit = emit
         self.pools = {p: Pool(p, config.pools[str(p)]) for p in Priority}
-        self.picker = WeightedPicker({p: pool.config.weight for p, pool in self.pools.items()})
         self.estimator = ServiceRateEstimator()
-        self._in_flight_total = 0
-        self._late: dict[str, tuple[SidecarRequest, int]] = {}
-        """Late work holding an engine slot: id -> (request, output tokens its
-        terminal row reported)."""
-        self._area = 0.0
-        self._area_at = time.monotonic()
+        self.slots = EngineSlots()
         self.load = LoadControl(config, self.pools, self.estimator,
-                                in_flight=lambda: self._in_flight_total,
-                                late=lambda: len(self._late))
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+                                in_flight=lambda: self.slots.count,
+                                late=lambda: len(self.slots.late))
+        self.order = DispatchOrder(self.pools, self.load)
         self._timers = DeadlineTimers()
         """Every deadline of a queued or running request, behind one loop timer."""
-        self._queue_timers: dict[str, TimerEntry] = {}
-        self._expiring: set[str] = set()
-        """Running requests cancelled at their deadline (``abort`` pools) whose task has
-        not ended yet."""
         self._preemptions: dict[str, int] = {}
         """Times each request still alive was preempted."""
-        self._preempting: set[str] = set()
-        """Running requests cancelled for preemption whose task has not ended yet."""
-        self._owed: dict[Priority, int] = dict.fromkeys(Priority, 0)
-        """Slots freed by preemption on behalf of each pool, not yet taken by it."""
-        self._wait_estimates: dict[str, tuple[float, float]] = {}
-        """Per queued request: (estimated wait at admission, monotonic admission time)."""
-        self._waiters: dict[str, asyncio.Future[ResultRecord]] = {}
+        self.waiters = Waiters()
         self._wake = asyncio.Event()
-        self._idle_waiters: list[asyncio.Future[None]] = []
-        """Callers of :meth:`wait_idle` (checked only while there are any: an event
-        cleared and set again by every request cost a tenth of its bookkeeping)."""
-        self._sole_pool: Pool | None = None
-        """Set by :meth:`_next_request`: the pool of its pick when no other could start."""
         self._dispatcher: asyncio.Task[None] | None = None
-        self._watchdog: asyncio.Task[None] | None = None
-        self.draining = False
-        self.engine_error: str | None = None
-        """Why the engine can no longer serve (``None`` while it is healthy)."""
-        self.engine_dead = asyncio.Event()
-        """Set once the engine failed: the server turns ``NOT_SERVING`` and exits."""
+        self.lifecycle = Lifecycle()
         self.counters = SchedulerCounters()
         self.tracer: SidecarTracer | None = None
         """Notes dispatch times of traced requests (``None``: tracing off)."""
         self.results = results
-        gate = Gate(engine, engine_error=lambda: self.engine_error,
-                    draining=lambda: self.draining, engine_failed=self.engine_failed,
-                    results=results, outstanding=self._outstanding)
-        self.admission = Admission(config, engine=engine, gate=gate, load=self.load,
-                                   counters=self.counters, fallback_text=self._fallback_text,
-                                   shed=self._shed, enqueue=self._enqueue)
+        self.admission = Admission(config, engine=engine, load=self.load,
+                                   counters=self.counters, results=results)
+
+    @property
+    def engine_error(self) -> str | None:
+        """Why the engine can no longer serve (``None`` while it is healthy)."""
+        return self.lifecycle.engine_error
+
+    @property
+    def engine_dead(self) -> asyncio.Event:
+        """Set once the engine failed: the server turns ``NOT_SERVING`` and exits."""
+        return self.lifecycle.engine_dead
+
+    @property
+    def draining(self) -> bool:
+        """Whether the sidecar drains for shutdown (new requests are refused)."""
+        return self.lifecycle.draining
 
     # ------------------------------------------------------------------ start and intake
 
     def start(self) -> None:
-        """Start the dispatch loop (inside the event loop)."""
+        """Start the dispatch loop and the engine's watchdog (inside the event loop)."""
         if self._dispatcher is None and self.engine_error is None:
             self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="dispatch")
-        if self._watchdog is None:
-            self._watchdog = asyncio.create_task(self._watch_engine(), name="engine-watchdog")
-
-    async def _watch_engine(self) -> None:
-        """Ask the engine whether it still serves, every ``engine_check_interval_s``."""
-        while self.engine_error is None:
-            await asyncio.sleep(self.config.engine_check_interval_s)
-            if (why := self.engine.failure()) is not None:
-                self.engine_failed(why)
+        self.lifecycle.watch(self.engine, self.config.engine_check_interval_s,
+                             self.engine_failed)
 
     def submit_batch(self, requests: list[SidecarRequest]) -> list[Ack]:
-        """Admit or refuse each request; one ack each, in order. Never waits (see
-        :class:`~sidecar.admission.Admission`)."""
-        return self.admission.submit_batch(requests)
+        """Admit or refuse each request; one ack each, in order. Never waits.
+
+        :class:`~sidecar.admission.Admission` decides on the batch from one
+        :class:`~sidecar.admission.GateState` of this scheduler; here the decisions are
+        applied: refusals end their requests (one row each), accepted requests join their
+        pools' queues, then the queue watermarks shed what they must."""
+        self.lifecycle.check(self.engine, self.engine_failed)
+        decisions = self.admission.decide(
+            requests, GateState(self.engine_error, self.draining, self._outstanding()))
+        for req, refusal in decisions.refused:
+            self._shed(req, refusal)
+        for req, wait_s in decisions.accepted:
+            self._enqueue(req, wait_s)
+        self._shed_over_watermarks()
+        return decisions.acks
 
     def _outstanding(self) -> int:
         """Rows that queued and running requests (late work included) will still write."""
-        return self.load.total_queued() + self._in_flight_total
+        return self.load.total_queued() + self.slots.count
 
     async def generate(self, req: SidecarRequest) -> ResultRecord | Ack:
         """Admit one request and wait for its terminal result (the blocking baseline
         path). Returns the :class:`Ack` instead when no result will come for it
         (a duplicate or a request without ``request_id``)."""
-        waiter: asyncio.Future[ResultRecord] = asyncio.get_running_loop().create_future()
-        fresh = bool(req.request_id) and req.request_id not in self._waiters
-        if fresh:
-            self._waiters[req.request_id] = waiter
+        fresh = bool(req.request_id) and req.request_id not in self.waiters
+        waiter = self.waiters.result_of(req.request_id) if fresh else None
         ack = self.submit_batch([req])[0]
-        if not fresh or ack.duplicate or (not waiter.done() and not ack.accepted):
+        if waiter is None or ack.duplicate or (not waiter.done() and not ack.accepted):
             if fresh:
-                self._waiters.pop(req.request_id, None)
+                self.waiters.forget(req.request_id)
             return ack
         try:
             return await waiter
@@ -218,12 +211,12 @@ class Scheduler:
 
     def cancel(self, req: SidecarRequest, why: str) -> None:
         """Abort one request wherever it is (its result row says ``error``/``abort``)."""
-        self._waiters.pop(req.request_id, None)
+        self.waiters.forget(req.request_id)
         if req.status is RequestStatus.QUEUED:
             self._leave_queue(req)
             req.error = why
             self._finish(req, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
-        elif task := self._tasks.get(req.request_id):
+        elif task := self.slots.tasks.get(req.request_id):
             req.error = why
             task.cancel()
 
@@ -236,9 +229,6 @@ class Scheduler:
             self.pools[victim.priority].queue.pop()
             self._leave_queue(victim)
             self._shed(victim, refusal)
-
-    def _fallback_text(self, priority: Priority | None) -> str:
-        return self.pools[priority or Priority.NORMAL].config.fallback_text
 
     def _shed(self, req: SidecarRequest, refusal: Refusal) -> None:
         """Terminal refusal of a request (at admission or from the queue)."""
@@ -259,20 +249,18 @@ class Scheduler:
         pool.push(req)
         delay_deadline = (req.deadline_ts - now_ms()) / 1000.0
         delay_queue = pool.config.max_queue_delay_ms / 1000.0
-        self._queue_timers[req.request_id] = self._timers.call_later(
+        pool.timers[req.request_id] = self._timers.call_later(
             min(delay_deadline, delay_queue), self._expire_queued, req,
             delay_deadline <= delay_queue)
         self._wake.set()
         if self.log_requests:
             logger.info("Admitted request %s (%s).", req.request_id, req.priority)
-        self._wait_estimates[req.request_id] = (estimated_wait_s, time.monotonic())
-        self._shed_over_watermarks()
+        self.counters.wait_estimated(req.request_id, estimated_wait_s, time.monotonic())
 
     def _leave_queue(self, req: SidecarRequest) -> None:
         """Bookkeeping of a request that stops being queued (the deque drops it lazily)."""
         assert req.priority is not None
-        self.pools[req.priority].queued -= 1
-        if timer := self._queue_timers.pop(req.request_id, None):
+        if timer := self.pools[req.priority].leave(req):
             self._timers.cancel(timer)
 
     def _expire_queued(self, req: SidecarRequest, deadline: bool) -> None:
@@ -282,7 +270,8 @@ class Scheduler:
         time (:meth:`LoadControl.queue_delay_refusal`); such a request waits on, until
         it starts, its deadline passes, or at the head of its queue it can no longer
         finish (``deadline_infeasible``)."""
-        self._queue_timers.pop(req.request_id, None)
+        assert req.priority is not None
+        self.pools[req.priority].timers.pop(req.request_id, None)
         if req.status is not RequestStatus.QUEUED:
             return
         if deadline:
@@ -290,43 +279,16 @@ class Scheduler:
             req.error = "deadline passed while queued"
             self._finish(req, RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT)
             return
-        assert req.priority is not None
         ahead = self.pools[req.priority].position(req)
         wait_s = self.load.evidence_wait_s(self.load.estimate_wait_s(req, ahead))
         if refusal := self.load.queue_delay_refusal(req, wait_s, queued=True, ahead=ahead):
             self._leave_queue(req)
             self._shed(req, refusal)
         else:  # only its deadline ends its wait now
-            self._queue_timers[req.request_id] = self._timers.call_later(
+            self.pools[req.priority].timers[req.request_id] = self._timers.call_later(
                 (req.deadline_ts - now_ms()) / 1000.0, self._expire_queued, req, True)
 
     # ------------------------------------------------------------------ dispatch
-
-    def _next_request(self) -> SidecarRequest | None:
-        """Pick the next request to start, or ``None`` when no pool has work and room.
-        :attr:`_sole_pool` is set to its pool when no other pool could start one."""
-        self._sole_pool = None
-        candidates: list[Priority] = []
-        heads: list[SidecarRequest] = []
-        for priority, pool in self.pools.items():
-            head = pool.head()
-            if head is None:
-                self.picker.forget(priority)
-                self._owed[priority] = 0
-            elif (pool.has_room_for(head)
-                  and self._in_flight_total < self.load.batch_limit(priority)):
-                candidates.append(priority)
-                heads.append(head)
-        if not candidates:
-            return None
-        for i, p in enumerate(candidates):
-            if self._owed[p] > 0:  # a slot freed by preemption goes to the pool that preempted
-                self._owed[p] -= 1
-                return heads[i]
-        if len(candidates) == 1:  # a pick among one leaves the picker's credits unchanged
-            self._sole_pool = self.pools[candidates[0]]
-            return heads[0]
-        return heads[candidates.index(self.picker.pick(candidates))]
 
     def _start_run(self, pool: Pool) -> None:
         """Start the following heads of ``pool`` while it was the only pool that could
@@ -336,7 +298,7 @@ class Scheduler:
         # At most max_in_flight; lower while a higher pool's running request holds work
         # back, which no start of this pool changes.
         limit = self.load.batch_limit(pool.priority)
-        while self._in_flight_total < limit:
+        while self.slots.count < limit:
             req = pool.head()
             if req is None or not pool.has_room_for(req):
                 return
@@ -357,13 +319,13 @@ class Scheduler:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._in_flight_total < self.config.max_in_flight or self._make_room():
-                req = self._next_request()
+            while self.slots.count < self.config.max_in_flight or self._make_room():
+                req = self.order.next_request(self.slots.count)
                 if req is None:
                     break
                 assert req.priority is not None
                 pool = self.pools[req.priority]
-                if self._take_and_start(pool, req) and self._sole_pool is pool:
+                if self._take_and_start(pool, req) and self.order.sole_pool is pool:
                     self._start_run(pool)
             self._preempt_for_waiting()
             self._update_idle()
@@ -375,52 +337,32 @@ class Scheduler:
         now = time.monotonic()
         rid = req.request_id
         target = self.load.target_batch(req)
-        batch = target or min(self._in_flight_total + 1, self.config.max_in_flight)
+        batch = target or min(self.slots.count + 1, self.config.max_in_flight)
         service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                              batch=batch)
         pool.started(req, Running(req, now, now + service_s,
                                   self._preemptions.get(rid, 0) if self._preemptions else 0,
                                   target))
         if target is not None:  # it needs a small batch: make room now, late work first
-            excess = self._in_flight_total + 1 - target
-            for late in self._late_victims()[:max(excess, 0)]:
+            excess = self.slots.count + 1 - target
+            for late in self.slots.late_victims()[:max(excess, 0)]:
                 self._abort_late(late, "a request that needs a small batch started")
                 excess -= 1
             for victim in self.load.victims(req.priority)[:max(excess, 0)]:
                 self._preempt(victim)
-        self._batch_area(now)
-        self._in_flight_total += 1
+        self.slots.area(now)
+        self.slots.count += 1
         if self.tracer is not None:
             self.tracer.dispatched(req)
         self.estimator.observe_dispatch(req.priority)
         req.status = RequestStatus.RUNNING
-        if estimate := self._wait_estimates.pop(rid, None):
-            self._log_wait(req, estimate[0], now - estimate[1])
+        waited = self.counters.wait_started(rid, req.priority, now)
+        if waited is not None and self.log_requests:
+            logger.info("Queue wait of %s (%s): estimated %.1f ms, actual %.1f ms.",
+                        rid, req.priority, waited[0] * 1000, waited[1] * 1000)
         # Unnamed: naming a task (an f-string and ``set_name``) costs as much as a
         # tenth of creating it.
-        self._tasks[rid] = asyncio.get_running_loop().create_task(self._serve(req))
-
-    def _batch_area(self, now: float | None = None) -> float:
-        """Sequences in the engine integrated over time (sequence-seconds) up to now
-        (``time.monotonic()``, read here unless given); the mean batch a request decoded
-        in is the growth of this over its decode time. Called whenever the number in
-        flight changes."""
-        if now is None:
-            now = time.monotonic()
-        self._area += self._in_flight_total * (now - self._area_at)
-        self._area_at = now
-        return self._area
-
-    def _mean_batch(self, area_from: float, area_to: float, seconds: float) -> float | None:
-        return (area_to - area_from) / seconds if seconds > 0.0 else None
-
-    def _log_wait(self, req: SidecarRequest, estimated_s: float, actual_s: float) -> None:
-        """Record the admission-time wait estimate against the wait that happened."""
-        assert req.priority is not None
-        self.counters.wait_error(req.priority, actual_s - estimated_s)
-        if self.log_requests:
-            logger.info("Queue wait of %s (%s): estimated %.1f ms, actual %.1f ms.",
-                        req.request_id, req.priority, estimated_s * 1000, actual_s * 1000)
+        self.slots.tasks[rid] = asyncio.get_running_loop().create_task(self._serve(req))
 
     # ------------------------------------------------------------------ preemption
 
@@ -438,14 +380,14 @@ class Scheduler:
                 continue  # its own pool's limit blocks it; lower work is not in the way
             waiting = pool.queued if self.load.preempts_at_once(priority) else \
                 self._at_risk(pool)
-            need = waiting - self._owed[priority]
+            need = waiting - self.order.owed[priority]
             for victim in self.load.victims(priority):
                 if need <= 0:
                     break
-                if victim.req.request_id in self._preempting:
+                if victim.req.request_id in self.slots.preempting:
                     continue
                 if self._preempt(victim):
-                    self._owed[priority] += 1
+                    self.order.owed[priority] += 1
                     need -= 1
 
     def _at_risk(self, pool: Pool) -> int:
@@ -459,10 +401,10 @@ class Scheduler:
     def _preempt(self, victim: Running) -> bool:
         """Abort a running request in the engine; :meth:`_serve` requeues it."""
         rid = victim.req.request_id
-        task = self._tasks.get(rid)
-        if task is None or rid in self._preempting or not task.cancel():
+        task = self.slots.tasks.get(rid)
+        if task is None or rid in self.slots.preempting or not task.cancel():
             return False
-        self._preempting.add(rid)
+        self.slots.preempting.add(rid)
         self._preemptions[rid] = self._preemptions.get(rid, 0) + 1
         self.counters.preemptions += 1
         if self.log_requests:
@@ -488,9 +430,9 @@ class Scheduler:
         req.error = None
         self.pools[req.priority].push_front(req)
         delay_s = (req.deadline_ts - now_ms()) / 1000.0
-        self._queue_timers[req.request_id] = self._timers.call_later(
+        self.pools[req.priority].timers[req.request_id] = self._timers.call_later(
             delay_s, self._expire_queued, req, True)
-        self._wait_estimates.pop(req.request_id, None)
+        self.counters.wait_ended(req.request_id)
 
     async def _serve(self, req: SidecarRequest) -> None:
         """The serving task of a running request: consume the engine's stream under the
@@ -503,7 +445,7 @@ class Scheduler:
             (req.deadline_ts - now_ms()) / 1000.0, self._deadline_passed_running
             if pool.config.on_deadline == "finish_and_backfill" else self._deadline_abort, req)
         started = time.monotonic()
-        run = _Run(started, self._batch_area(started))
+        run = _Run(started, self.slots.area(started))
         try:
             await self._generate(req, run)
         except asyncio.CancelledError:
@@ -531,7 +473,7 @@ class Scheduler:
                 run.last_token_at = time.monotonic()
                 if run.first_token_at is None:
                     run.first_token_at = run.last_token_at
-                    run.area_at_first = self._batch_area(run.last_token_at)
+                    run.area_at_first = self.slots.area(run.last_token_at)
                     req.first_token_ts = now_ms()
             req.text = progress.text
             req.output_tokens = progress.output_tokens
@@ -551,14 +493,14 @@ class Scheduler:
         or a shutdown (``abort``). Returns whether the cancel must propagate (it was
         someone else's too)."""
         rid = req.request_id
-        if rid in self._preempting and run.status is RequestStatus.FINISHED_ERROR:
+        if rid in self.slots.preempting and run.status is RequestStatus.FINISHED_ERROR:
             run.preempted = True  # requeued by _served; the cancel was ours
             return False
         if self.engine_error is not None:
             # engine_failed cancelled it: one error row, not an abort.
             req.error = f"engine died: {self.engine_error}"
             return _uncancel_current() > 0  # cancelled by someone else too (shutdown)
-        if rid in self._expiring and _uncancel_current() == 0:
+        if rid in self.slots.expiring and _uncancel_current() == 0:
             # Our deadline cancel and nobody else's (asyncio.timeout's rule).
             run.status, run.finish_reason = RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT
             req.error = f"deadline passed after {req.output_tokens} output tokens; aborted"
@@ -571,15 +513,15 @@ class Scheduler:
         """A run left the engine: free its slot, teach the estimator, and end it (its
         terminal row, its late row, or back to its queue after a preemption)."""
         rid = req.request_id
-        area_at_last = self._batch_area()
-        late = self._late.pop(rid, None) if self._late else None
+        area_at_last = self.slots.area()
+        late = self.slots.late.pop(rid, None) if self.slots.late else None
         if not req.late:  # late work left its pool at the deadline
             pool.stopped(req)
         if not req.late or late is not None:  # _abort_late freed the slot already
-            self._in_flight_total -= 1
-        self._tasks.pop(rid, None)
-        self._preempting.discard(rid)
-        self._expiring.discard(rid)
+            self.slots.count -= 1
+        self.slots.tasks.pop(rid, None)
+        self.slots.preempting.discard(rid)
+        self.slots.expiring.discard(rid)
         if run.preempted:
             self._requeue(req)
         else:
@@ -605,9 +547,9 @@ class Scheduler:
         self.estimator.observe_finish(
             req.priority, ttft_s=first - run.started, tpot_s=tpot,
             output_tokens=req.output_tokens if completed else 0, max_tokens=req.max_tokens,
-            ttft_batch=self._mean_batch(run.area_at_start, run.area_at_first,
+            ttft_batch=mean_batch(run.area_at_start, run.area_at_first,
                                         first - run.started),
-            batch=self._mean_batch(run.area_at_first, area_at_last,
+            batch=mean_batch(run.area_at_first, area_at_last,
                                    last - first if last is not None else 0.0))
 
     def _deadline_abort(self, req: SidecarRequest) -> None:
@@ -615,8 +557,8 @@ class Scheduler:
         task, which aborts it in the engine and ends it ``timeout``."""
         if req.status is not RequestStatus.RUNNING:
             return
-        if (task := self._tasks.get(req.request_id)) is not None and task.cancel():
-            self._expiring.add(req.request_id)
+        if (task := self.slots.tasks.get(req.request_id)) is not None and task.cancel():
+            self.slots.expiring.add(req.request_id)
 
     # ------------------------------------------------------------------ late work
 
@@ -631,7 +573,7 @@ class Scheduler:
             req.error = (f"deadline passed after {req.output_tokens} output tokens; "
                          "aborted (draining)")
             self._finish(req, RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT)
-            if task := self._tasks.get(req.request_id):
+            if task := self.slots.tasks.get(req.request_id):
                 task.cancel()
             return
         req.error = (f"deadline passed after {req.output_tokens} output tokens; generation "
@@ -639,7 +581,7 @@ class Scheduler:
         self._finish(req, RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT)
         req.late = True
         self.pools[req.priority].stopped(req)
-        self._late[req.request_id] = (req, req.output_tokens)
+        self.slots.late[req.request_id] = (req, req.output_tokens)
         if self.log_requests:
             logger.info("Request %s passed its deadline; continuing as late work.",
                         req.request_id)
@@ -649,28 +591,28 @@ class Scheduler:
         """The engine is full: abort one late request if an on-time one is waiting for
         a slot (lowest priority first, then the most overdue). Returns whether a slot
         was freed."""
-        if not self._late:
+        if not self.slots.late:
             return False
         if not any((head := pool.head()) is not None and pool.has_room_for(head)
                    for pool in self.pools.values()):
             return False
-        self._abort_late(self._late_victims()[0], "an on-time request needed its engine slot")
+        self._abort_late(self.slots.late_victims()[0], "an on-time request needed its engine slot")
         return True
 
     def _late_victims(self) -> list[SidecarRequest]:
         """Late work in the order it gives way: lowest priority first, then the most
         overdue."""
-        return sorted((r for r, _ in self._late.values()),
+        return sorted((r for r, _ in self.slots.late.values()),
                       key=lambda r: (-int(r.priority or 0), r.deadline_ts))
 
     def _abort_late(self, req: SidecarRequest, why: str) -> None:
         """Abort late work now: its slot is free at once, and it gets no late row."""
-        if self._late.pop(req.request_id, None) is None:
+        if self.slots.late.pop(req.request_id, None) is None:
             return
-        self._in_flight_total -= 1
+        self.slots.count -= 1
         self.counters.late_aborted += 1
         logger.info("Aborted late work %s (%s); it gets no late result.", req.request_id, why)
-        if task := self._tasks.get(req.request_id):
+        if task := self.slots.tasks.get(req.request_id):
             task.cancel()
         self._update_idle()
 
@@ -707,8 +649,7 @@ class Scheduler:
         rid = req.request_id
         if self._preemptions:
             self._preemptions.pop(rid, None)
-        if self._wait_estimates:
-            self._wait_estimates.pop(rid, None)
+        self.counters.wait_ended(rid)
         req.status = status
         req.finish_reason = finish_reason
         req.finish_ts = now_ms()
@@ -726,28 +667,22 @@ class Scheduler:
         if self.log_requests:
             logger.info("Finished request %s: %s.", rid, record.status)
         self._emit(record)
-        if self._waiters and (waiter := self._waiters.pop(rid, None)) and not waiter.done():
-            waiter.set_result(record)
+        self.waiters.finished(record)
         self._update_idle()
 
     def idle(self) -> bool:
         """Nothing queued and nothing in the engine (late work included)."""
-        return not self._in_flight_total and not self.load.total_queued()
+        return not self.slots.count and not self.load.total_queued()
 
     async def wait_idle(self) -> None:
         """Return once :meth:`idle` holds (at once when it does already)."""
         if self.idle():
             return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._idle_waiters.append(waiter)
-        await waiter
+        await self.waiters.idle_future()
 
     def _update_idle(self) -> None:
-        if self._idle_waiters and self.idle():
-            for waiter in self._idle_waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-            self._idle_waiters.clear()
+        if self.waiters.waiting_for_idle() and self.idle():
+            self.waiters.idle()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -757,14 +692,14 @@ class Scheduler:
         (no late row) and set :attr:`engine_dead`. Idempotent."""
         if self.engine_error is not None:
             return
-        self.engine_error = why or "engine failed"
+        self.lifecycle.engine_error = why or "engine failed"
         logger.error("Engine failed (%s): refusing new requests, failing %d running and "
-                     "%d queued.", self.engine_error, len(self._tasks), self.load.total_queued())
+                     "%d queued.", self.engine_error, len(self.slots.tasks), self.load.total_queued())
         self.engine_dead.set()
         if task := self._dispatcher:
             self._dispatcher = None
             task.cancel()
-        for req, _ in list(self._late.values()):
+        for req, _ in list(self.slots.late.values()):
             self._abort_late(req, "the engine died")
         for pool in self.pools.values():
             while pool.queue:
@@ -774,7 +709,7 @@ class Scheduler:
                     req.error = f"engine died while queued: {self.engine_error}"
                     self._finish(req, RequestStatus.FINISHED_ERROR, FinishReason.ERROR)
         current = asyncio.current_task()
-        for task in list(self._tasks.values()):
+        for task in list(self.slots.tasks.values()):
             if task is not current:
                 task.cancel()
         self._update_idle()
@@ -782,24 +717,24 @@ class Scheduler:
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests, let queued and running ones finish (or hit their
         deadlines) for up to ``timeout_s``, then abort what is left."""
-        self.draining = True
-        for req, _ in list(self._late.values()):
+        self.lifecycle.draining = True
+        for req, _ in list(self.slots.late.values()):
             self._abort_late(req, "sidecar is draining")
         try:
             async with asyncio.timeout(timeout_s):
                 await self.wait_idle()
         except TimeoutError:
             logger.warning("Drain timed out after %.1fs; aborting %d running and %d queued.",
-                           timeout_s, len(self._tasks), self.load.total_queued())
+                           timeout_s, len(self.slots.tasks), self.load.total_queued())
         await self.abort_all()
 
     async def abort_all(self) -> None:
         """Abort every queued and running request (each gets an ``error`` result)."""
-        for task in (self._dispatcher, self._watchdog):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._dispatcher = self._watchdog = None
+        if (task := self._dispatcher) is not None:
+            self._dispatcher = None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self.lifecycle.stop_watching()
         for pool in self.pools.values():
             while pool.queue:
                 req = pool.queue.popleft()
@@ -807,7 +742,7 @@ class Scheduler:
                     self._leave_queue(req)
                     req.error = "aborted by sidecar shutdown"
                     self._finish(req, RequestStatus.FINISHED_ABORTED, FinishReason.ABORT)
-        tasks = list(self._tasks.values())
+        tasks = list(self.slots.tasks.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -850,7 +785,7 @@ class Scheduler:
             draining=self.draining,
             late_results=c.late_results,
             late_aborted=c.late_aborted,
-            late_in_flight=len(self._late),
+            late_in_flight=len(self.slots.late),
             preemptions=c.preemptions,
             wait_error_s=c.wait_error_summary(),
             result_channel=self.results.stats() if self.results is not None else None,

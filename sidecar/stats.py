@@ -115,6 +115,28 @@ class SchedulerCounters:
         default_factory=lambda: {str(r): 0 for r in RefusalReason})
     _token_events: collections.deque[tuple[float, int]] = field(
         default_factory=collections.deque, repr=False)
+    _estimated_waits: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False)
+    """Per queued request: (estimated wait at admission, monotonic admission time)."""
+
+    def wait_estimated(self, request_id: str, estimated_s: float, now: float) -> None:
+        """A request was queued at ``now`` (monotonic) with a queue wait estimate."""
+        self._estimated_waits[request_id] = (estimated_s, now)
+
+    def wait_ended(self, request_id: str) -> None:
+        """A request left its queue without starting (or starts again after a
+        preemption): its estimate is not compared."""
+        if self._estimated_waits:
+            self._estimated_waits.pop(request_id, None)
+
+    def wait_started(self, request_id: str, priority: Priority,
+                     now: float) -> tuple[float, float] | None:
+        """A request started at ``now`` (monotonic): record its actual minus estimated
+        queue wait; returns (estimated, actual) seconds, ``None`` without an estimate."""
+        if (estimate := self._estimated_waits.pop(request_id, None)) is None:
+            return None
+        actual = now - estimate[1]
+        self.wait_error(priority, actual - estimate[0])
+        return estimate[0], actual
 
     def wait_error(self, priority: Priority, error_s: float) -> None:
         """Record one started request's actual minus estimated queue wait."""

@@ -10,21 +10,21 @@ will still write, stays above the channel's reserve. The reserve is for the refu
 own rows; once it is used up as well, a refusal is answered in its ack alone
 (:attr:`~sidecar.acks.Refusal.row` false).
 
-The engine and drain state are read once per batch (nothing changes them while a batch
-is admitted), and so is the channel's room; each request then takes one row of it.
+The scheduler's state is read once per batch, as a :class:`GateState` (nothing changes
+it while a batch is admitted), and so is the channel's room; each request then takes
+one row of it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sidecar.acks import Refusal
 from sidecar.contract import RefusalReason
 
 if TYPE_CHECKING:
-    from sidecar.engines import Engine
     from sidecar.result_channels import ResultChannel
 
 logger = logging.getLogger(__name__)
@@ -33,47 +33,45 @@ logger = logging.getLogger(__name__)
 _LOG_EVERY = 1000
 
 
+@dataclass(frozen=True, slots=True)
+class GateState:
+    """The scheduler's state the gate reads, once per batch."""
+
+    engine_error: str | None
+    """Why the engine can no longer serve (``None`` while it serves)."""
+    draining: bool
+    """Whether the sidecar is shutting down."""
+    outstanding: int
+    """Rows that queued and running requests (late work included) will still write."""
+
+
 class Gate:
     """Whether the sidecar takes work, batch by batch.
 
     Args:
-        engine: Asked whether it still serves before each batch.
-        engine_error: Why the engine can no longer serve (``None`` while it serves).
-        draining: Whether the sidecar is shutting down.
-        engine_failed: Called with the reason when the engine is found dead.
         results: The result channel (its room is checked when it is bounded).
-        outstanding: Rows that queued and running requests will still write.
     """
 
-    def __init__(self, engine: Engine, *, engine_error: Callable[[], str | None],
-                 draining: Callable[[], bool], engine_failed: Callable[[str], None],
-                 results: ResultChannel | None, outstanding: Callable[[], int]) -> None:
-        self.engine = engine
-        self._engine_error = engine_error
-        self._draining = draining
-        self._engine_failed = engine_failed
+    def __init__(self, results: ResultChannel | None) -> None:
         self._results = results if results is not None and results.bounded else None
         self._reserve = self._results.reserve if self._results is not None else 0
-        self._outstanding = outstanding
         self._closed: Refusal | None = None
         self._free = 0
         """Rows the channel can still take in this batch (bounded channels only)."""
         self.rowless_refusals = 0
         """Refusals answered by their ack alone (the channel had no room for their row)."""
 
-    def open_batch(self) -> None:
-        """Read the engine, drain and channel state for the batch about to be admitted."""
-        if self._engine_error() is None and (why := self.engine.failure()) is not None:
-            self._engine_failed(why)
-        if (error := self._engine_error()) is not None:
+    def open_batch(self, state: GateState) -> None:
+        """Take the scheduler's state for the batch about to be admitted."""
+        if state.engine_error is not None:
             self._closed = Refusal(RefusalReason.ENGINE_UNAVAILABLE,
-                                   f"engine unavailable: {error}")
-        elif self._draining():
+                                   f"engine unavailable: {state.engine_error}")
+        elif state.draining:
             self._closed = Refusal(RefusalReason.DRAINING, "sidecar is shutting down")
         else:
             self._closed = None
         if self._results is not None:
-            self._free = self._results.room() - self._outstanding()
+            self._free = self._results.room() - state.outstanding
 
     def check(self) -> Refusal | None:
         """The gate's answer for the next request of the batch (each request that gets

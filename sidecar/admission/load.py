@@ -18,7 +18,9 @@ sidecar has seen says how long answers are, the wait is an upper bound, and a fr
 sidecar refuses nothing for its queue (step 4 then counts the service time alone).
 
 The estimates come from :class:`~sidecar.load_control.LoadControl`, the load model the
-dispatcher uses too; this step only decides.
+dispatcher uses too; this step only decides. Within a batch, a request it admitted
+counts as queued in its pool for the requests after it (:meth:`LoadCheck.admit`), until
+:meth:`LoadCheck.end_batch`, when the scheduler queues them for real.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class LoadCheck:
     """Admission against pool limits, watermarks, queue delay and the deadline.
 
     Args:
-        load: The scheduler's load model (read, never changed here).
+        load: The scheduler's load model (read; only the batch's admitted requests are
+            noted in it, until :meth:`end_batch`).
     """
 
     def __init__(self, load: LoadControl) -> None:
@@ -52,9 +55,10 @@ class LoadCheck:
         assert req.priority is not None
         load = self.load
         pool = load.pools[req.priority]
-        if pool.queued >= pool.config.max_queued:
+        queued = load.queued(req.priority)
+        if queued >= pool.config.max_queued:
             return Refusal(RefusalReason.QUEUE_FULL,
-                           f"{pool.queued} requests already queued in pool {req.priority} "
+                           f"{queued} requests already queued in pool {req.priority} "
                            f"(max_queued {pool.config.max_queued})")
         if req.priority is not Priority.HIGH and (why := self.over_watermark(req.priority)):
             return Refusal(RefusalReason.OVERLOADED, f"load shedding: {why}")
@@ -66,6 +70,17 @@ class LoadCheck:
             if load.fit_batch(req, wait_s) is None and not self._fits_with_preemption(req):
                 return self._infeasible(req, wait_s)
         return None
+
+    def admit(self, req: SidecarRequest) -> float:
+        """``req`` passed :meth:`check`: it counts as queued for the rest of the batch.
+        Returns its estimated queue wait (seconds)."""
+        assert req.priority is not None
+        self.load.admit_pending(req.priority)
+        return self.wait_s
+
+    def end_batch(self) -> None:
+        """The batch is decided: its admitted requests are the scheduler's to queue."""
+        self.load.clear_pending()
 
     def over_watermark(self, priority: Priority) -> str | None:
         """Why ``priority`` is being shed right now, or ``None``."""

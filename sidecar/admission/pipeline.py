@@ -10,26 +10,29 @@ and leaves at the first refusal; none of them does engine work:
    runs before the other checks, whose outcome the replay repeats;
 3. *gate* (:mod:`sidecar.admission.gate`): the engine is dead (``engine_unavailable``),
    the sidecar drains (``draining``) or the result channel could not take the row
-   (``results_backlog``);
+   (``results_backlog``), read from one :class:`~sidecar.admission.gate.GateState` of
+   the scheduler per batch;
 4. *validate* the rest (:mod:`sidecar.admission.validate`): static checks, then, for
    the batch at once, the tokenized prompt (``rejected``);
 5. *load* (:mod:`sidecar.admission.load`): pool full, watermarks, queue delay,
-   deadline feasibility (``shed``);
-6. *enqueue*: the request is handed to the scheduler's pool; the scheduler owns it
-   from here (dispatch, deadlines, its one terminal row).
+   deadline feasibility (``shed``); a request admitted earlier in the same batch
+   counts as queued in its pool for the ones after it
+   (:meth:`~sidecar.load_control.LoadControl.admit_pending`).
 
-A refusal at steps 3-5 becomes the request's terminal row through the scheduler's
-``shed`` (the one place a request becomes terminal), unless the channel had no room
-even for that row; every decision is remembered for replays.
+Nothing here changes the scheduler: :meth:`Admission.decide` returns the batch's
+:class:`Decisions` (the acks, the accepted requests in order with their estimated
+waits, the refusals that end with a terminal row) and the scheduler applies them: it
+queues the accepted ones in their pools and ends the refused ones through its one
+place a request becomes terminal. Every decision is remembered for replays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sidecar.admission.dedupe import DedupeWindow
-from sidecar.admission.gate import Gate
+from sidecar.admission.gate import Gate, GateState
 from sidecar.admission.load import LoadCheck
 from sidecar.acks import Ack, Refusal
 from sidecar.admission.validate import check_prompt_tokens, check_request_id, check_static
@@ -40,49 +43,63 @@ from sidecar.request_state import SidecarRequest
 if TYPE_CHECKING:
     from sidecar.engines import Engine
     from sidecar.load_control import LoadControl
+    from sidecar.result_channels import ResultChannel
     from sidecar.stats import SchedulerCounters
 
 
+@dataclass(slots=True)
+class Decisions:
+    """What admission decided for one ``SubmitBatch``, for the scheduler to apply."""
+
+    acks: list[Ack] = field(default_factory=list)
+    """One per request, in the batch's order."""
+    accepted: list[tuple[SidecarRequest, float]] = field(default_factory=list)
+    """Requests to queue, in order, each with its estimated queue wait (seconds)."""
+    refused: list[tuple[SidecarRequest, Refusal]] = field(default_factory=list)
+    """Refusals that end their request with a terminal row (``shed``/``rejected``)."""
+
+
+def pool_fallback_text(config: SchedulerConfig):
+    """The fallback text of a priority's pool (``normal``'s for a request without one)."""
+    def fallback_text(priority: Priority | None) -> str:
+        return config.pools[str(priority or Priority.NORMAL)].fallback_text
+    return fallback_text
+
+
 class Admission:
-    """Admits or refuses requests for a scheduler.
+    """Decides on each request of a batch; changes nothing outside itself.
 
     Args:
         config: The scheduler's limits.
         engine: Tokenizes prompts; names the served model.
-        gate: Step 3, over the scheduler's state and its result channel.
         load: The scheduler's load model (step 5 reads it).
-        counters: The scheduler's counters (submitted, duplicates, refusals).
-        fallback_text: The fallback text of a priority's pool.
-        shed: Ends a refused request with its terminal row (the scheduler's).
-        enqueue: Hands an accepted request and its estimated queue wait (seconds) to
-            the scheduler's pools.
+        counters: The scheduler's counters (submitted, duplicates, refusals without a
+            row).
+        results: The result channel (the gate checks its room when it is bounded).
     """
 
-    def __init__(self, config: SchedulerConfig, *, engine: Engine, gate: Gate,
-                 load: LoadControl, counters: SchedulerCounters,
-                 fallback_text: Callable[[Priority | None], str],
-                 shed: Callable[[SidecarRequest, Refusal], None],
-                 enqueue: Callable[[SidecarRequest, float], None]) -> None:
+    def __init__(self, config: SchedulerConfig, *, engine: Engine, load: LoadControl,
+                 counters: SchedulerCounters, results: ResultChannel | None = None) -> None:
         self.config = config
         self.engine = engine
-        self.gate = gate
+        self.gate = Gate(results)
         self.load = LoadCheck(load)
         self.counters = counters
-        self.seen = DedupeWindow(config.dedupe_window, fallback_text)
-        self._fallback_text = fallback_text
-        self._shed = shed
-        self._enqueue = enqueue
+        self._fallback_text = pool_fallback_text(config)
+        self.seen = DedupeWindow(config.dedupe_window, self._fallback_text)
 
-    def submit_batch(self, requests: list[SidecarRequest]) -> list[Ack]:
-        """Admit or refuse each request; one ack each, in order. Never waits."""
+    def decide(self, requests: list[SidecarRequest], state: GateState) -> Decisions:
+        """Admit or refuse each request of a batch (``state``: the scheduler's, read once
+        for the batch); one ack each, in order. Never waits."""
         now = now_ms()
+        out = Decisions()
         acks: list[Ack | None] = [None] * len(requests)
         to_encode: list[int] = []
         model_name = self.engine.model_name
         model_names = frozenset({model_name})  # the one model served
         batch_ids: set[str] = set()
         repeats: list[int] = []
-        self.gate.open_batch()
+        self.gate.open_batch(state)
         self.counters.submitted += len(requests)
         for i, req in enumerate(requests):
             req.received_ts = now
@@ -99,41 +116,44 @@ class Admission:
             req.model = req.model or model_name
             if refusal := (self.gate.check()
                            or check_static(req, self.config, model_names=model_names, now=now)):
-                acks[i] = self._refuse(req, refusal)
+                acks[i] = self._refuse(req, refusal, out)
                 continue
             to_encode.append(i)
         if to_encode:
-            self._tokenized(requests, to_encode, acks)
+            self._tokenized(requests, to_encode, acks, out)
         # A replay repeats the first copy's decision (made above if it was in this batch).
         for i in repeats:
             acks[i] = self.seen.replay(requests[i].request_id, now)
-        return [a for a in acks if a is not None]
+        out.acks = [a for a in acks if a is not None]
+        return out
 
     def _tokenized(self, requests: list[SidecarRequest], indices: list[int],
-                   acks: list[Ack | None]) -> None:
-        """Steps 4 (the tokenized prompt), 5 and 6 for the requests at ``indices``."""
+                   acks: list[Ack | None], out: Decisions) -> None:
+        """Steps 4 (the tokenized prompt) and 5 for the requests at ``indices``."""
         encoded = self.engine.encode_prompt([requests[i].prompt for i in indices])
         max_len = getattr(self.engine, "max_model_len", 1 << 30)
-        for i, ids in zip(indices, encoded):
-            req = requests[i]
-            req.prompt_token_ids = ids
-            refusal = (check_prompt_tokens(req, self.config, max_model_len=max_len)
-                       or self.load.check(req))
-            acks[i] = self._refuse(req, refusal) if refusal else self._accept(req)
+        try:
+            for i, ids in zip(indices, encoded):
+                req = requests[i]
+                req.prompt_token_ids = ids
+                refusal = (check_prompt_tokens(req, self.config, max_model_len=max_len)
+                           or self.load.check(req))
+                acks[i] = self._refuse(req, refusal, out) if refusal else self._accept(req, out)
+        finally:
+            self.load.end_batch()
 
-    def _refuse(self, req: SidecarRequest, refusal: Refusal) -> Ack:
+    def _refuse(self, req: SidecarRequest, refusal: Refusal, out: Decisions) -> Ack:
         if refusal.row:
-            self._shed(req, refusal)  # sets req.fallback_text with the terminal row
-            fallback = req.fallback_text
+            out.refused.append((req, refusal))
         else:
             self.counters.refused(refusal.reason)
-            fallback = self._fallback_text(req.priority)
         return self.seen.remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
-                                      received_ts=req.received_ts, fallback_text=fallback),
+                                      received_ts=req.received_ts,
+                                      fallback_text=self._fallback_text(req.priority)),
                                   req.priority)
 
-    def _accept(self, req: SidecarRequest) -> Ack:
+    def _accept(self, req: SidecarRequest, out: Decisions) -> Ack:
         ack = self.seen.remember(Ack(req.request_id, True, None, "", False, req.received_ts),
                                  req.priority)
-        self._enqueue(req, self.load.wait_s)
+        out.accepted.append((req, self.load.admit(req)))
         return ack

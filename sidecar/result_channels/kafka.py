@@ -91,8 +91,8 @@ class KafkaResultChannel(ResultChannel):
         self.config = config
         self.reserve = config.reserve()
         self.flush_interval_s = flush_interval_s
-        self._kafka_error = ck.KafkaError
-        self._kafka_exception = ck.KafkaException
+        self._ck = ck
+        """The confluent_kafka module (imported when the channel is built)."""
         settings = {"client.id": f"sts-sidecar-{sidecar_id}",
                     "logger": logging.getLogger(f"{__name__}.librdkafka"),
                     **config.producer_settings(),
@@ -104,7 +104,6 @@ class KafkaResultChannel(ResultChannel):
                               "(results.kafka)") from None
         self._topics = {name: result_topic(config.topic_template, "", name)
                         for name in PRIORITY_NAMES}
-        self._default_topic = self._topics[DEFAULT_PRIORITY]
         self._overflow: collections.deque[ResultRecord] = collections.deque()
         """Rows librdkafka could not take yet (its queue was full); handed on in order."""
         self.produced = 0
@@ -149,14 +148,14 @@ class KafkaResultChannel(ResultChannel):
 
     def _produce(self, record: ResultRecord) -> bool:
         """Hand ``record`` to librdkafka; ``False`` when its queue is full (kept)."""
-        topic = record.callback_topic or self._topics.get(record.priority,
-                                                          self._default_topic)
+        topic = (record.callback_topic or self._topics.get(record.priority)
+                 or self._topics[DEFAULT_PRIORITY])
         try:
             self._producer.produce(topic, encode_result(record),
                                    record.request_id.encode("utf-8"))
         except BufferError:
             return False
-        except (self._kafka_exception, ValueError, TypeError) as e:
+        except (self._ck.KafkaException, ValueError, TypeError) as e:
             # Refused for good (too large, a bad topic name, a fatal producer error):
             # counted and logged, as a failed delivery is.
             self._refused_on_loop += 1
@@ -241,7 +240,7 @@ class KafkaResultChannel(ResultChannel):
         try:
             metadata = self._producer.list_topics(timeout=_PROBE_TIMEOUT_S)
             answered = bool(metadata.brokers)
-        except self._kafka_exception:
+        except self._ck.KafkaException:
             answered = False
         self._set_up(answered, "no answer to a metadata request")
 
@@ -276,7 +275,7 @@ class KafkaResultChannel(ResultChannel):
             logger.error("Kafka result channel: the producer failed for good: %s; rows "
                          "can no longer be delivered (restart the sidecar).", err.str())
             self.up = False
-        elif err.code() == self._kafka_error._ALL_BROKERS_DOWN:
+        elif err.code() == self._ck.KafkaError._ALL_BROKERS_DOWN:
             self._set_up(False, err.str())
         else:
             logger.debug("Kafka result channel: %s", err.str())

@@ -156,7 +156,12 @@ class PipelineMetrics(StreamingQueryListener):
         """Serve ``/metrics`` on ``addr:port`` (0: a free port); return the port."""
         server, _ = start_http_server(port, addr=addr, registry=self.registry)
         self._server = server
-        return server.server_address[1]
+        return self.port
+
+    @property
+    def port(self) -> int | None:
+        """The port ``/metrics`` is served on (``None``: not serving)."""
+        return None if self._server is None else self._server.server_address[1]
 
     def close(self) -> None:
         """Stop serving (idempotent)."""

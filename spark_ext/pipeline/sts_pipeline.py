@@ -199,8 +199,6 @@ class StsPipeline:
         """Query -> its run (:mod:`spark_ext.pipeline.run_ids`), set when it starts."""
         self.tables = choose_writer(spark, out, tuple(config.tagging.key_columns))
         """Who writes the tables (:mod:`spark_ext.l4.writers`)."""
-        self.writer = self.tables.name
-        """Its name: ``spark`` (Delta on Spark) or ``deltalake``."""
         if self.tables.traces_answers:
             self.tables.tracer = answer_spans()  # L4 spans; None unless OTEL_* switch them on
         self.validator = AnswerValidator(config.validation)
@@ -216,8 +214,7 @@ class StsPipeline:
         self._vacuumed_at = time.monotonic()  # the last vacuum (none yet: the start)
         self.metrics = None
         """The Prometheus exporter (:class:`~spark_ext.pipeline.metrics.PipelineMetrics`) when
-        ``output.metrics_port`` is set; ``metrics_port`` is the port it serves."""
-        self.metrics_port: int | None = None
+        ``output.metrics_port`` is set; :attr:`metrics_port` is the port it serves."""
         self.failure: str | None = None
         self._stopping = threading.Event()
         self._events_by_batch: dict[int, int] = {}
@@ -231,6 +228,16 @@ class StsPipeline:
         for d in folders:
             if is_local_uri(d):
                 local_path(d).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def writer(self) -> str:
+        """The tables' writer: ``spark`` (Delta on Spark) or ``deltalake``."""
+        return self.tables.name
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the driver's ``/metrics`` is served on (``None``: not served)."""
+        return None if self.metrics is None else self.metrics.port
 
     @property
     def run_ids(self) -> dict[str, str]:
@@ -433,7 +440,7 @@ class StsPipeline:
 
             self.metrics = PipelineMetrics(self)
             self.spark.streams.addListener(self.metrics)
-            self.metrics_port = self.metrics.serve(port, self.config.output.metrics_addr)
+            self.metrics.serve(port, self.config.output.metrics_addr)
             logger.info("Spark-side metrics on http://%s:%d/metrics",
                         self.config.output.metrics_addr, self.metrics_port)
         submit_df = self.acks(events, ack_channel=self._ack_channel())

@@ -35,8 +35,10 @@ SIDECAR_LAYERS = (
      "sidecar.stats_report", "sidecar.kinds", "sidecar.interceptors", "sidecar.pb"),
     ("sidecar.config", "sidecar.security"),
     ("sidecar.request_state", "sidecar.engines", "sidecar.model_prep", "sidecar.warmup",
-     "sidecar.result_channels", "sidecar.acks", "sidecar.estimator", "sidecar.pools"),
-    ("sidecar.load_control", "sidecar.stats", "sidecar.metrics", "sidecar.tracing"),
+     "sidecar.result_channels", "sidecar.acks", "sidecar.estimator", "sidecar.pools",
+     "sidecar.engine_slots", "sidecar.lifecycle", "sidecar.waiters"),
+    ("sidecar.load_control", "sidecar.stats", "sidecar.metrics", "sidecar.tracing",
+     "sidecar.dispatch_order"),
     ("sidecar.admission",),
     ("sidecar.scheduler",),
     ("sidecar.servicer", "sidecar.server", "sidecar.client", "sidecar.commands",
@@ -293,3 +295,52 @@ def test_the_pipeline_asks_its_writer_never_its_name() -> None:
     for path in ("spark_ext/pipeline/sts_pipeline.py", "spark_ext/l4/answers_batch.py"):
         text = (REPO / path).read_text(encoding="utf-8")
         assert not re.search(r"""writer\s*[!=]=\s*["']""", text), path
+
+
+#: Classes that hold more than :data:`MAX_ATTRIBUTES` on purpose: the records of the
+#: wire contract, one field per column of the request schema and of the result row.
+WIDE_RECORDS = {"sidecar.request_state.SidecarRequest", "sidecar.request_state.ResultRecord"}
+#: The most attributes (instance attributes set through ``self`` anywhere in the class,
+#: plus class-level annotated fields) a class of the product packages holds.
+MAX_ATTRIBUTES = 20
+
+
+def _attributes(cls: ast.ClassDef) -> set[str]:
+    """The attributes a class holds: ``self.x = ...`` (or ``+=``, annotated) anywhere in
+    its body, and its annotated class-level fields (dataclasses)."""
+    found = {node.target.id for node in cls.body
+             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    for node in ast.walk(cls):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        for target in targets:
+            found.update(t.attr for t in ast.walk(target) if isinstance(t, ast.Attribute)
+                         and isinstance(t.value, ast.Name) and t.value.id == "self")
+    return found
+
+
+def _wide_classes(limit: int = MAX_ATTRIBUTES) -> dict[str, int]:
+    wide = {}
+    for name, path in MODULES.items():
+        if _top(name) not in ("sidecar", "spark_ext") or name.startswith("sidecar.pb"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and len(attrs := _attributes(node)) > limit:
+                wide[f"{name}.{node.name}"] = len(attrs)
+    return wide
+
+
+def test_no_class_holds_more_than_twenty_attributes() -> None:
+    """A class that holds more than 20 things does more than one job (the scheduler held
+    34: engine slots, dispatch order, lifecycle and waiters now have their own)."""
+    wide = {k: n for k, n in _wide_classes().items() if k not in WIDE_RECORDS}
+    assert not wide, f"classes over {MAX_ATTRIBUTES} attributes: {wide}"
+
+
+def test_the_attribute_count_sees_fields_and_self_attributes() -> None:
+    cls = ast.parse("@dataclass\nclass A:\n    x: int = 0\n    y: str\n"
+                    "    def f(self):\n        self.z = 1\n        self.x += 1\n"
+                    "        self.w: int = 2\n        other.v = 3\n").body[0]
+    assert isinstance(cls, ast.ClassDef)
+    assert _attributes(cls) == {"x", "y", "z", "w"}
+    assert "sidecar.scheduler.Scheduler" in _wide_classes(limit=10)

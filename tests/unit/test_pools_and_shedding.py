@@ -227,7 +227,7 @@ def test_a_burst_into_one_pool_starts_in_order_within_the_pool_and_engine_limits
                         for i in range(2)])
         await until(lambda: s.pools[NORMAL].in_flight == 1)
         await _dispatch_pass(s)
-        assert list(s.pools[NORMAL].running) == ["n0"] and s._in_flight_total == 3
+        assert list(s.pools[NORMAL].running) == ["n0"] and s.slots.count == 3
         assert s.pools[LOW].in_flight == 2
 
     results = asyncio.run(with_scheduler(fast_engine(), _config(max_in_flight=3, pools=pools),

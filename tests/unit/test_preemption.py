@@ -255,7 +255,7 @@ def test_late_low_work_in_a_full_engine_gives_way_to_a_feasible_high() -> None:
         # admitted before the engine's speed is known (nothing refuses them then)
         s.submit_batch([make_sidecar_request(f"low{i}", priority=LOW, max_tokens=2000,
                                              deadline_in_ms=300) for i in range(8)])
-        await until(lambda: len(s._late) == 8, 10)  # all eight generate past their deadline
+        await until(lambda: len(s.slots.late) == 8, 10)  # all eight generate past their deadline
         # 16 ms per token alone, 58 ms in a batch of 8 (the engine below)
         s.estimator.calibrate([SpeedSample(1, 0.016, 0.016), SpeedSample(8, 0.058, 0.058)])
         # 40 tokens: ~0.65 s alone, ~2.3 s at batch 8; 1.2 s fits a batch of 3 or fewer
@@ -263,7 +263,7 @@ def test_late_low_work_in_a_full_engine_gives_way_to_a_feasible_high() -> None:
                                                      deadline_in_ms=1200)])
         seen["ack"] = ack
         await until(lambda: any(r.request_id == "hi" for r in results), 10)
-        seen["late_left"] = len(s._late)
+        seen["late_left"] = len(s.slots.late)
 
     config = _config(8)
     config.pools["low"].on_deadline = "finish_and_backfill"
