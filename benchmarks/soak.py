@@ -28,7 +28,7 @@ from pathlib import Path
 from benchmarks.cpu_accounting import machine_info, reference_cpu_ms
 from sidecar import ENGINES
 from sidecar.contract import now_ms
-from spark_ext.kinds import RESULT_READERS, writer_choices
+from spark_ext.kinds import CHANNEL_SIDES, writer_choices
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "soak"
 
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=ENGINES.names, default=ENGINES.default)
     p.add_argument("--rate", type=float, default=3.0, help="events/s (the demo's default)")
     p.add_argument("--every", type=float, default=60.0, help="seconds between samples")
-    p.add_argument("--source", choices=RESULT_READERS.names, default=RESULT_READERS.default,
+    p.add_argument("--source", choices=CHANNEL_SIDES.names, default=CHANNEL_SIDES.default,
                    help="where events and results travel (the demo's --source)")
     p.add_argument("--writer", choices=writer_choices(), default=None,
                    help="output.writer (default: the demo's)")

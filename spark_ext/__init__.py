@@ -37,7 +37,6 @@ _EXPORTS = {
     "spark_packages": "spark_ext.jvm_packages",
     # From spark_ext.sources (L0)
     "event_source": "spark_ext.sources.events",
-    "read_results": "spark_ext.sources.results",
     # From spark_ext.l2 (prompts)
     "PromptTemplate": "spark_ext.l2.template",
     "build_requests": "spark_ext.l2.prompts",
@@ -45,6 +44,7 @@ _EXPORTS = {
     "submit_requests": "spark_ext.submit.submission",
     # From spark_ext.l4
     "AnswerStore": "spark_ext.l4.answer_store",
+    "read_results": "spark_ext.l4.channels",
     # From spark_ext.pipeline
     "StsPipeline": "spark_ext.pipeline.sts_pipeline",
     "run_offline": "spark_ext.pipeline.offline",
@@ -66,9 +66,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from spark_ext.l2.prompts import build_requests
     from spark_ext.l2.template import PromptTemplate
     from spark_ext.l4.answer_store import AnswerStore
+    from spark_ext.l4.channels import read_results
     from spark_ext.pipeline.offline import run_offline
     from spark_ext.pipeline.sts_pipeline import StsPipeline
     from spark_ext.session import local_session
     from spark_ext.sources.events import event_source
-    from spark_ext.sources.results import read_results
     from spark_ext.submit.submission import submit_requests

@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 from sidecar import ClientSecurity, build_sections, read_yaml
 from sidecar.contract import PRIORITY_NAMES
 from spark_ext.exceptions import PipelineConfigError
-from spark_ext.kinds import EVENT_SOURCES, RESULT_READERS, writer_choices
+from spark_ext.kinds import CHANNEL_SIDES, EVENT_SOURCES, writer_choices
 from spark_ext.uris import join_uri, resolve_local
 
 #: The event source formats registered when this module was imported (the built-in
@@ -269,7 +269,7 @@ class SidecarEndpointConfig:
     """The topic of the submit tasks' acks, with the ``kafka`` channel (keyed by
     ``request_id``; created when missing; pipelines may share it: each reads its own)."""
 
-    result_channel: str = RESULT_READERS.default
+    result_channel: str = CHANNEL_SIDES.default
     """How results come back: ``files`` (the sidecar's Parquet landing folder,
     ``results_dir``) or ``kafka`` (the topics ``tagging.callback_topic`` names, one per
     priority, on the ``kafka`` section's cluster). Set the sidecar's ``results.kind`` to
@@ -325,7 +325,7 @@ class SidecarEndpointConfig:
 
     def __post_init__(self) -> None:
         self.security()  # the credential fields go together (checked, not read, here)
-        RESULT_READERS.check(self.result_channel)
+        CHANNEL_SIDES.check(self.result_channel)
         if self.launch not in ("none", "lazy"):
             raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
         if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
@@ -761,8 +761,8 @@ class PipelineConfig:
         Raises:
             PipelineConfigError: the settings contradict each other.
         """
-        uses_kafka = (self.source.format == "kafka" or self.sidecar.result_channel == "kafka"
-                      or self.answers.topic is not None)
+        uses_kafka = (self.source.format == "kafka" or self.answers.topic is not None
+                      or CHANNEL_SIDES.load(self.sidecar.result_channel).needs_kafka)
         if uses_kafka and not self.kafka.spark_options().get("kafka.bootstrap.servers") \
                 and not self.source.options.get("kafka.bootstrap.servers"):
             raise PipelineConfigError("kafka.bootstrap_servers is needed: the source or the "

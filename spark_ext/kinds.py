@@ -1,17 +1,17 @@
 """The Spark side's kinds, registered the way the sidecar registers its own
 (:class:`sidecar.KindRegistry`: a name mapped to a lazily imported class or function):
-event sources (``source.format``), result readers (``sidecar.result_channel``) and
-table writers (``output.writer``). The config checks, the ``--writer`` flags, the
+event sources (``source.format``), the Spark side of the result channels
+(``sidecar.result_channel``) and table writers (``output.writer``). The config checks, the ``--writer`` flags, the
 factories and the docs read these; each name is spelled once, here, and adding one is
 one module plus one ``register`` line (``docs/extending.md``).
 
-A leaf of the base layer: it imports no reader or writer, so :mod:`spark_ext.config`
+A leaf of the base layer: it imports no source, channel or writer, so :mod:`spark_ext.config`
 checks names without loading Spark's sources or Delta.
 
 Example:
     >>> EVENT_SOURCES.names
     ('json', 'parquet', 'csv', 'rate', 'kafka')
-    >>> WRITERS.names, RESULT_READERS.names
+    >>> WRITERS.names, CHANNEL_SIDES.names
     (('spark', 'deltalake'), ('files', 'kafka'))
 """
 
@@ -32,11 +32,12 @@ EVENT_SOURCES.register("rate", "spark_ext.sources.files", "RateEventSource")
 EVENT_SOURCES.register("kafka", "spark_ext.sources.kafka", "KafkaEventSource")
 
 #: ``sidecar.result_channel`` (a name of :data:`sidecar.kinds.RESULT_CHANNELS`) -> the
-#: function ``(spark, config) -> DataFrame`` that reads that channel's results stream.
-RESULT_READERS: KindRegistry[Any] = KindRegistry("result reader", "sidecar.result_channel",
-                                                 PipelineConfigError)
-RESULT_READERS.register("files", "spark_ext.sources.results", "read_result_files")
-RESULT_READERS.register("kafka", "spark_ext.sources.kafka", "read_result_topics")
+#: pipeline's side of that channel, a :class:`~spark_ext.l4.channels.base.ChannelSide`
+#: (its results and acks read, its acks written, what it needs at start).
+CHANNEL_SIDES: KindRegistry[Any] = KindRegistry("result channel", "sidecar.result_channel",
+                                                PipelineConfigError)
+CHANNEL_SIDES.register("files", "spark_ext.l4.channels.files", "FilesChannel")
+CHANNEL_SIDES.register("kafka", "spark_ext.l4.channels.kafka", "KafkaChannel")
 
 #: ``output.writer`` -> its :class:`~spark_ext.l4.writers.base.TableWriter` class
 #: (``auto`` is not one: it picks the first that can run, in this order).

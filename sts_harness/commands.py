@@ -10,7 +10,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from sidecar import ENGINES
-from spark_ext.kinds import RESULT_READERS, writer_choices
+from spark_ext.kinds import CHANNEL_SIDES, writer_choices
 
 #: What a command prints when the ``spark`` extra is not installed.
 SPARK_EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark]'"
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       default="full", help="rollout.mode of the pipeline (docs/rollout.md)")
     demo.add_argument("--canary-share", type=float, default=0.1,
                       help="share of events the model answers with --rollout canary")
-    demo.add_argument("--source", choices=RESULT_READERS.names, default=RESULT_READERS.default,
+    demo.add_argument("--source", choices=CHANNEL_SIDES.names, default=CHANNEL_SIDES.default,
                       help="events and results through files or Kafka topics")
     demo.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT",
                       help="with --source kafka: your cluster (default: a local broker "

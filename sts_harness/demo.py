@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sidecar import percentiles
 from sidecar.contract import PRIORITY_NAMES
-from spark_ext.kinds import RESULT_READERS
+from spark_ext.kinds import CHANNEL_SIDES
 from sts_harness.demo_sizing import DEFAULT_FACTOR, DemoSizing, sizing_from_stats
 from sts_harness.hops import format_hops, hop_latencies
 from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
@@ -126,9 +126,9 @@ class DemoOptions:
     """Called with the pipeline once it started (the soak samples it)."""
 
     def __post_init__(self) -> None:
-        if self.source not in RESULT_READERS:  # the route: a result channel's name
+        if self.source not in CHANNEL_SIDES:  # the route: a result channel's name
             raise ValueError(f"--source {self.source!r} must be one of "
-                             f"{', '.join(RESULT_READERS.names)}")
+                             f"{', '.join(CHANNEL_SIDES.names)}")
         if self.bootstrap_servers and self.source != "kafka":
             raise ValueError("--bootstrap-servers needs --source kafka")
         if self.rate is not None and not self.rate > 0:

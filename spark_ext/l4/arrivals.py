@@ -3,9 +3,9 @@ ledger candidates in buckets (:mod:`spark_ext.l4.ledger`).
 
 Three streams are one: the sidecar's **results**, the submit tasks' **acks**
 (:mod:`spark_ext.submit.ack_channel`) and the **clock** (:mod:`spark_ext.sources.clock`).
-On the ``files`` channel the results and acks are two landing folders read by the
-``sts_results`` source; on ``kafka`` one Kafka source reads the result topics and the
-acks topic, each record parsed by its topic in one pass. Every arrival becomes the
+The results and acks come from the result channel's Spark side
+(:mod:`spark_ext.l4.channels`: two landing folders on ``files``, one Kafka source over
+the result and acks topics on ``kafka``). Every arrival becomes the
 candidates of :mod:`spark_ext.l4.candidates` (on the executors), with the micro-batch's
 time, then goes to bucket ``pmod(hash(request_id), buckets)``.
 """
@@ -22,6 +22,7 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, St
 from spark_ext.config import PipelineConfig
 from spark_ext.l2.fast_path import KB_ONLY_COLUMNS
 from spark_ext.l4.candidates import ACK, EVENTS, NOW, PAYLOAD, RESULT, arrival_candidates
+from spark_ext.l4.channels.base import ChannelSide
 from spark_ext.l4.ledger import CLOCK, ledger_schema
 from spark_ext.schemas import spark_schema
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, DEAD_LETTER_META
@@ -110,56 +111,17 @@ def _mine(results: DataFrame, pipeline_id: str) -> DataFrame:
                          | (F.col("attributes")[PIPELINE_ATTRIBUTE] == F.lit(pipeline_id)))
 
 
-def acks_dir(config: PipelineConfig, pipeline_id: str) -> str:
-    """The ``files`` channel's acks folder of this pipeline (``sidecar.acks_dir``, else
-    ``<results_dir>/acks/<pipeline id>``)."""
-    import os
-
-    return config.sidecar.acks_dir or os.path.join(config.sidecar.results_dir, "acks",
-                                                   pipeline_id)
-
-
-def arrivals(spark: SparkSession, config: PipelineConfig, *, pipeline_id: str,
-             ack_schema: StructType) -> DataFrame:
-    """Result and ack rows of this pipeline as one stream of arrivals."""
+def arrivals(spark: SparkSession, channel: ChannelSide, *, ack_schema: StructType
+             ) -> DataFrame:
+    """Result and ack rows of ``channel.pipeline_id`` as one stream of arrivals."""
     from sidecar.contract import RESULT_SCHEMA
 
-    result_schema = spark_schema(RESULT_SCHEMA)
-    if config.sidecar.result_channel == "kafka":
-        from spark_ext.sources.kafka import read_channel_topics
-
-        records = read_channel_topics(spark, config)
-        is_ack = F.col("_topic") == F.lit(config.sidecar.acks_topic)
-        results = records.where(~is_ack).select(
-            F.from_json(F.col("_value"), result_schema).alias("r"), "_key", "_value")
-        results = results.select(
-            *[F.coalesce(F.col("r.request_id"), F.col("_key")).alias(f.name)
-              if f.name == "request_id" else F.col(f"r.{f.name}") for f in result_schema],
-            F.col("_value"))
-        from spark_ext.submit.ack_channel import PIPELINE_FIELD
-
-        acks = records.where(is_ack & (F.get_json_object(F.col("_value"), f"$.{PIPELINE_FIELD}")
-                                       == F.lit(pipeline_id))).select(
-            F.from_json(F.col("_value"), ack_schema).alias("a")).select("a.*")
-        mine = _mine(results, pipeline_id)
-        result_arrivals = _as_arrivals(mine, RESULT, ack_schema, F.col("_value"),
-                                       exclude=("_value",))
-    else:
-        from spark_ext.sources.result_files import SOURCE_NAME, register_results_source
-
-        register_results_source(spark)
-        retention = str(config.maintenance.results_retention_s)
-        results = (spark.readStream.format(SOURCE_NAME)
-                   .option("path", config.sidecar.results_dir)
-                   .option("retentionSeconds", retention).load())
-        acks = (spark.readStream.format(SOURCE_NAME).schema(ack_schema)
-                .option("path", acks_dir(config, pipeline_id))
-                .option("retentionSeconds", retention).load())
-        mine = _mine(results, pipeline_id)
-        result_arrivals = _as_arrivals(mine, RESULT, ack_schema,
-                                       F.to_json(F.struct(*[F.col(c) for c in mine.columns])))
-    ack_arrivals = _as_arrivals(acks, ACK, result_schema, _ack_payload(ack_schema),
-                                _events(ack_schema))
+    streams = channel.streams(spark, ack_schema)
+    mine = _mine(streams.results, channel.pipeline_id)
+    result_arrivals = _as_arrivals(mine, RESULT, ack_schema, streams.payload,
+                                   exclude=streams.exclude)
+    ack_arrivals = _as_arrivals(streams.acks, ACK, spark_schema(RESULT_SCHEMA),
+                                _ack_payload(ack_schema), _events(ack_schema))
     return result_arrivals.unionByName(ack_arrivals)
 
 

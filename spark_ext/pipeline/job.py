@@ -143,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     source = (config.source.options.get("subscribe") or config.source.options.get(
         "subscribePattern") or "kafka") if config.source.format == "kafka" \
         else config.source.path
-    results = (", ".join(config.result_topics()) if config.sidecar.result_channel == "kafka"
-               else config.sidecar.results_dir)
-    print(f"sts job: events {source}, results {results}, tables {config.output.out_dir} "
+    print(f"sts job: events {source}, results {pipeline.channel.source()}, tables {config.output.out_dir} "
           f"(writer {pipeline.writer}), sidecar {config.sidecar.endpoint}; log {args.log}",
           flush=True)
     try:

@@ -54,9 +54,10 @@ from spark_ext.l2.prompts import build_requests
 from spark_ext.l2.template import PromptTemplate
 from spark_ext.l4.answers import KB_IDS, hours_between
 from spark_ext.l4.answers_batch import AnswersBatch
-from spark_ext.l4.arrivals import (LEDGER_BUCKETS, PIPELINE_ATTRIBUTE, SUBMIT_COLUMN, acks_dir,
+from spark_ext.l4.arrivals import (LEDGER_BUCKETS, PIPELINE_ATTRIBUTE, SUBMIT_COLUMN,
                                    arrivals, ledger_input, record_schemas)
 from spark_ext.l4.counts import PipelineCounts
+from spark_ext.l4.channels import ChannelSide, channel_side
 from spark_ext.l4.ledger import BucketLedger, ledger_schema
 from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, with_arm
 from spark_ext.l4.validation import AnswerValidator
@@ -67,8 +68,7 @@ from spark_ext.pipeline.run_ids import QueryRun, is_new_checkpoint, query_run
 from spark_ext.schemas import spark_schema
 from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE, register_clock_source
 from spark_ext.sources.events import event_source
-from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, ensure_topics, kafka_lag
-from spark_ext.sources.results import read_results
+from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
 from spark_ext.submit.ack_channel import AckChannel
 from spark_ext.submit.submission import check_sidecars, submit_requests
 from spark_ext.tracing import answer_spans
@@ -220,9 +220,9 @@ class StsPipeline:
         self._events_by_batch: dict[int, int] = {}
         self.source = event_source(config)
         """The L0 reader of ``source.format`` (:mod:`spark_ext.sources.events`)."""
-        folders = [out.out_dir, out.checkpoint_dir]
-        if config.sidecar.result_channel == "files":
-            folders += [config.sidecar.results_dir, acks_dir(config, self.pipeline_id)]
+        self.channel: ChannelSide = channel_side(config, self.pipeline_id)
+        """The Spark side of the result channel (:mod:`spark_ext.l4.channels`)."""
+        folders = [out.out_dir, out.checkpoint_dir, *self.channel.folders()]
         if folder := self.source.local_folder():
             folders.append(folder)  # Spark's file source needs it to exist
         for d in folders:
@@ -340,16 +340,11 @@ class StsPipeline:
 
     def results(self) -> DataFrame:
         """The sidecar's result rows as a stream (the result channel's reader)."""
-        return read_results(self.spark, self.config)
+        return self.channel.results(self.spark)
 
     def _ack_channel(self) -> AckChannel:
-        side, run = self.config.sidecar, self.runs["submit"]
-        if side.result_channel == "kafka":
-            return AckChannel("kafka", self.pipeline_id, run.id, run.started_ms,
-                              topic=side.acks_topic,
-                              producer_config=self.config.kafka.producer_config())
-        return AckChannel("files", self.pipeline_id, run.id, run.started_ms,
-                          acks_dir=acks_dir(self.config, self.pipeline_id))
+        run = self.runs["submit"]
+        return self.channel.ack_channel(run.id, run.started_ms)
 
     def hint_path(self) -> str:
         """The clock's hint file (:mod:`spark_ext.sources.clock`): local to the driver,
@@ -367,7 +362,7 @@ class StsPipeline:
         clock = (self.spark.readStream.format(CLOCK_SOURCE).option("hintPath", self.hint_path())
                  .option("buckets", str(LEDGER_BUCKETS)).load())
         candidates = ledger_input(
-            arrivals(self.spark, config, pipeline_id=self.pipeline_id, ack_schema=ack_schema),
+            arrivals(self.spark, self.channel, ack_schema=ack_schema),
             clock, config, hold_ms=STATE_HOLD_MS, rule_text=config.routing.rule_text,
             count_events=fast_path.enabled(config),
             submit_column=SUBMIT_COLUMN if self._routed() else None)
@@ -428,13 +423,11 @@ class StsPipeline:
         for query in QUERIES if publish else ("submit", "answers"):
             self.runs[query] = query_run(self.spark, self.config.output.checkpoint(query))
         self.tables.create_tables(self.spark)
-        if publish:  # the last version written before this start
-            self._answers_version = self._table_version("answers")
+        # The last version written before this start: the answers topic publishes after it.
+        answers_version = self._table_version("answers") if publish else 0
         if self.config.sidecar.check_at_start:
             self.check_sidecars()
-        if self.config.sidecar.result_channel == "kafka":  # the sidecars' and the acks'
-            ensure_topics(self.config.kafka.producer_config(),
-                          [*self.config.result_topics(), self.config.sidecar.acks_topic])
+        self.channel.prepare()  # e.g. the result and acks topics
         if (port := self.config.output.metrics_port) is not None:
             from spark_ext.pipeline.metrics import PipelineMetrics
 
@@ -474,7 +467,7 @@ class StsPipeline:
         self.queries = [submit, answers]
         if publish:
             try:
-                self.queries.append(self._start_publisher())
+                self.queries.append(self._start_publisher(answers_version))
             except BaseException:
                 for q in self.queries:
                     q.stop()
@@ -526,9 +519,10 @@ class StsPipeline:
                 f"checkpoint {checkpoint} has state but no offsets (a partial reset): "
                 f"remove {state} or the whole checkpoint")
 
-    def _start_publisher(self) -> StreamingQuery:
+    def _start_publisher(self, answers_version: int) -> StreamingQuery:
         """``sts-publish``: the answers' change feed -> the answers topic
-        (:mod:`spark_ext.l4.answers_topic`); needs Delta on Spark to read the feed."""
+        (:mod:`spark_ext.l4.answers_topic`), from ``answers_version`` (the table's last
+        before this start) on; needs Delta on Spark to read the feed."""
         from spark_ext.l4.answers_topic import AnswerPublisher
         from spark_ext.l4.writers.spark import SparkWriter, delta_on_spark
 
@@ -541,9 +535,9 @@ class StsPipeline:
         # that exists resumes from its own offsets.
         skip_through = None
         if is_new_checkpoint(self.spark, self.config.output.checkpoint("publish")):
-            skip_through = self._answers_version
+            skip_through = answers_version
         reader = (self.spark.readStream.format("delta").option("readChangeFeed", "true")
-                  .option("startingVersion", str(self._answers_version)))
+                  .option("startingVersion", str(answers_version)))
         changes = (reader.table(tables.location("answers")) if tables.by_name("answers")
                    else reader.load(tables.location("answers")))
         publisher = AnswerPublisher(

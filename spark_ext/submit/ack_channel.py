@@ -4,16 +4,11 @@ to the sidecar, and a Delta commit there would be paid by every event's deadline
 
 Each submit task, once its rows are submitted, leaves every ack row (accepted,
 refused, and the rows it passed through unsent: L1/L2 answers, dead letters) on the
-channel of ``sidecar.result_channel``:
-
-- ``files``: one Parquet file per task and micro-batch in ``sidecar.acks_dir``, named
-  like the sidecar's result files (:func:`sidecar.contract.result_file_name`: the
-  submit query's run start as the incarnation, the batch id as the sequence, one
-  writer stream per partition) and renamed into place, so the ``sts_results`` source
-  reads each once and removes it after the retention;
-- ``kafka``: one JSON record per row (keyed by ``request_id``) on ``sidecar.acks_topic``,
-  from an idempotent producer that every task of a Python worker shares; the task
-  ends only once its records are acknowledged.
+result channel's twin, through an :class:`AckChannel` its channel's Spark side made
+(:meth:`spark_ext.l4.channels.ChannelSide.ack_channel`): ``files`` writes one Parquet
+file per task and micro-batch, ``kafka`` one JSON record per row (see their modules
+in :mod:`spark_ext.l4.channels`). Here: the base class and what every channel's acks
+share (the task's position, the rows as JSON records).
 
 A retried task or a replayed batch writes its acks again (same file name; the same
 records once more): the ledger keeps one answer per request
@@ -24,56 +19,45 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import threading
-import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 #: Spark's local property holding the micro-batch id of a streaming job's tasks.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+#: The field of a JSON ack record naming its pipeline.
+PIPELINE_FIELD = "_sts_pipeline"
 
 
 @dataclass(frozen=True)
 class AckChannel:
-    """Where the submit tasks leave their acks (plain data: it travels to the tasks).
+    """Where the submit tasks leave their acks (plain data: it travels to the tasks); a
+    channel's subclass writes them (:meth:`write_table`).
 
     Args:
-        kind: ``files`` or ``kafka`` (the pipeline's result channel).
-        pipeline_id: The pipeline the acks are for (``kafka``: each record says it, as
-            ``_sts_pipeline``, since pipelines may share the topic).
+        pipeline_id: The pipeline the acks are for.
         run_id: The submit query's run id (names each task's writer stream).
-        run_started_ms: When that run started (the files' incarnation).
-        acks_dir: ``files``: the local folder.
-        topic: ``kafka``: the topic.
-        producer_config: ``kafka``: confluent-kafka settings (``bootstrap.servers``, ...).
+        run_started_ms: When that run started.
     """
 
-    kind: str
     pipeline_id: str
     run_id: str
     run_started_ms: int
-    acks_dir: str | None = None
-    topic: str | None = None
-    producer_config: dict[str, str] = field(default_factory=dict)
 
     def write(self, batches: list[pa.RecordBatch]) -> None:
         """Leave one task's ack rows on the channel (nothing for no rows)."""
         batches = [b for b in batches if b.num_rows]
-        if not batches:
-            return
-        table = pa.Table.from_batches(batches)
-        if self.kind == "kafka":
-            _produce(self, table)
-        else:
-            _write_file(self, table)
+        if batches:
+            self.write_table(pa.Table.from_batches(batches))
+
+    def write_table(self, table: pa.Table) -> None:
+        """Leave ``table`` (a task's ack rows, at least one) on the channel."""
+        raise NotImplementedError
 
 
-def _task_position() -> tuple[int, int]:
+def task_position() -> tuple[int, int]:
     """(batch id, partition) of the running task; (0, 0) outside a streaming task."""
     from pyspark import TaskContext
 
@@ -82,21 +66,6 @@ def _task_position() -> tuple[int, int]:
         return 0, 0
     batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
     return (int(batch) if batch is not None else 0), ctx.partitionId()
-
-
-def _write_file(channel: AckChannel, table: pa.Table) -> None:
-    import pyarrow.parquet as pq
-
-    from sidecar.contract import result_file_name
-
-    batch, partition = _task_position()
-    folder = Path(channel.acks_dir or ".")
-    folder.mkdir(parents=True, exist_ok=True)
-    name = result_file_name(channel.run_started_ms, batch,
-                            f"acks-{channel.run_id}-p{partition}")
-    temp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-    pq.write_table(table, temp)
-    os.replace(temp, folder / name)  # visible at once and whole
 
 
 def _json_value(value: Any) -> Any:
@@ -112,10 +81,6 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-#: The field of a Kafka ack record naming its pipeline.
-PIPELINE_FIELD = "_sts_pipeline"
-
-
 def json_records(table: pa.Table, pipeline_id: str) -> Iterable[tuple[str | None, str]]:
     """(key, value) per row: the ``request_id`` and the row as JSON, with its pipeline.
 
@@ -128,52 +93,3 @@ def json_records(table: pa.Table, pipeline_id: str) -> Iterable[tuple[str | None
         value = {k: _json_value(v) for k, v in row.items()}
         value[PIPELINE_FIELD] = pipeline_id
         yield row.get("request_id"), json.dumps(value)
-
-
-_producers: dict[str, Any] = {}
-_producers_lock = threading.Lock()
-
-
-def _producer(config: dict[str, str]) -> Any:
-    """The Python worker's producer for ``config`` (made once, reused by its tasks)."""
-    from confluent_kafka import Producer
-
-    key = json.dumps(config, sort_keys=True)
-    with _producers_lock:
-        if key not in _producers:
-            # A broker closing an idle connection is not worth a log line here (the
-            # worker's stderr is the job's console); failed deliveries fail the task.
-            _producers[key] = Producer({"enable.idempotence": "true", "acks": "all",
-                                        "linger.ms": "2", "log.connection.close": "false",
-                                        **config})
-        return _producers[key]
-
-
-def _produce(channel: AckChannel, table: pa.Table, *, timeout_s: float = 60.0) -> None:
-    """Produce the rows and wait for every delivery.
-
-    Raises:
-        RuntimeError: a record was not delivered within ``timeout_s`` (the task fails and
-            Spark retries it; its requests are submitted again and deduplicated).
-    """
-    producer = _producer(channel.producer_config)
-    failed: list[str] = []
-
-    def delivered(err, _msg) -> None:
-        if err is not None:
-            failed.append(str(err))
-
-    for key, value in json_records(table, channel.pipeline_id):
-        while True:
-            try:
-                producer.produce(channel.topic, value=value.encode("utf-8"),
-                                 key=key.encode("utf-8") if key else None,
-                                 on_delivery=delivered)
-                break
-            except BufferError:  # the local queue is full: let deliveries drain it
-                producer.poll(0.1)
-    left = producer.flush(timeout_s)
-    if left or failed:
-        raise RuntimeError(f"acks to Kafka topic {channel.topic!r}: "
-                           f"{left} not delivered in {timeout_s:g} s"
-                           + (f", {len(failed)} failed ({failed[0]})" if failed else ""))

@@ -1,4 +1,4 @@
-"""Every kind (engines, result channels, event sources, result readers, writers) is
+"""Every kind (engines, result channels and their Spark sides, event sources, writers) is
 registered once, in one way (:class:`sidecar.KindRegistry`), and everything else reads
 the registry: the config checks, the ``--engine``/``--writer``/``--source`` flags, the
 factories, the shipped config. A toy kind is one registration away; no second list of
@@ -19,12 +19,12 @@ from sidecar.config import EngineConfig, ResultChannelConfig
 from sidecar.engines import build_engine
 from sidecar.result_channels import build_result_channel
 from spark_ext.exceptions import PipelineConfigError
-from spark_ext.kinds import EVENT_SOURCES, RESULT_READERS, WRITERS, writer_choices
+from spark_ext.kinds import CHANNEL_SIDES, EVENT_SOURCES, WRITERS, writer_choices
 from tests.conftest import CONF
 from tests.utils import REPO, library_modules
 
 REGISTRIES = {"engines": ENGINES, "result channels": RESULT_CHANNELS,
-              "event sources": EVENT_SOURCES, "result readers": RESULT_READERS,
+              "event sources": EVENT_SOURCES, "channel sides": CHANNEL_SIDES,
               "writers": WRITERS}
 #: Where the names are registered: the only places that may spell them as a list.
 REGISTRY_MODULES = ("sidecar/kinds.py", "spark_ext/kinds.py")
@@ -43,7 +43,7 @@ def test_every_flag_offers_the_registered_names() -> None:
         assert _choices(command, "engine") == ENGINES.names, command
     for command in ("demo", "bench"):
         assert _choices(command, "writer") == writer_choices() == ("auto", *WRITERS.names)
-    assert _choices("demo", "source") == RESULT_READERS.names
+    assert _choices("demo", "source") == CHANNEL_SIDES.names
 
 
 def test_config_checks_name_the_field_and_the_registered_names() -> None:
@@ -74,27 +74,40 @@ def test_the_factories_build_each_kind(tmp_path: Path) -> None:
 
 
 def test_the_pipeline_reads_every_channel_the_sidecar_writes() -> None:
-    assert set(RESULT_READERS.names) == set(RESULT_CHANNELS.names)
+    assert set(CHANNEL_SIDES.names) == set(RESULT_CHANNELS.names)
 
 
 def test_a_toy_kind_is_one_registration() -> None:
     """Registered, a toy writer is accepted by the config and built by the factory;
-    a toy event source likewise."""
+    a toy event source and a toy result channel's Spark side likewise (the channel's
+    acks writer is what the submit tasks get)."""
+    import pyarrow as pa
+
     from spark_ext.config import PipelineConfig
+    from spark_ext.l4.channels import channel_side
     from spark_ext.l4.writers import writer_class
     from spark_ext.sources.events import event_source
+    from tests.unit.toy_kinds import TOY_ACKS
 
     WRITERS.register("toy", "tests.unit.toy_kinds", "ToyWriter")
     EVENT_SOURCES.register("toy", "tests.unit.toy_kinds", "ToyEventSource")
+    CHANNEL_SIDES.register("toy", "tests.unit.toy_kinds", "ToyChannelSide")
     try:
         config = PipelineConfig.from_dict({"output": {"writer": "toy"},
-                                           "source": {"format": "toy"}})
+                                           "source": {"format": "toy"},
+                                           "sidecar": {"result_channel": "toy"}})
         assert writer_class(config.output.writer).__name__ == "ToyWriter"
         assert type(event_source(config)).__name__ == "ToyEventSource"
         assert "toy" in writer_choices()
+        side = channel_side(config, "p1")
+        assert (type(side).__name__, side.source(), side.folders()) == \
+            ("ToyChannelSide", "the toy channel", [])
+        side.ack_channel("run1", 5).write([pa.record_batch({"request_id": ["r1", "r2"]})])
+        assert TOY_ACKS == [("p1", "run1", 2)]
     finally:
         WRITERS._entries.pop("toy")
         EVENT_SOURCES._entries.pop("toy")
+        CHANNEL_SIDES._entries.pop("toy")
 
 
 def test_a_toy_engine_and_result_channel_serve_a_request() -> None:

@@ -32,7 +32,8 @@ SIDECAR_LAYERS = (
     ("sidecar.exceptions", "sidecar.contract", "sidecar.atomic_files", "sidecar.config_files",
      "sidecar.credentials", "sidecar.event_loop", "sidecar.lazy_exports", "sidecar.quantiles",
      "sidecar.timers", "sidecar.otel", "sidecar.gpu_metrics", "sidecar.shipped",
-     "sidecar.stats_report", "sidecar.kinds", "sidecar.interceptors", "sidecar.pb"),
+     "sidecar.stats_report", "sidecar.kinds", "sidecar.interceptors", "sidecar.pb",
+     "sidecar.client"),
     ("sidecar.config", "sidecar.security"),
     ("sidecar.request_state", "sidecar.engines", "sidecar.model_prep", "sidecar.warmup",
      "sidecar.result_channels", "sidecar.acks", "sidecar.estimator", "sidecar.pools",
@@ -41,8 +42,7 @@ SIDECAR_LAYERS = (
      "sidecar.dispatch_order"),
     ("sidecar.admission",),
     ("sidecar.scheduler",),
-    ("sidecar.servicer", "sidecar.server", "sidecar.client", "sidecar.commands",
-     "sidecar.cli"),
+    ("sidecar.servicer", "sidecar.server", "sidecar.commands", "sidecar.cli"),
 )
 #: Third-party packages the sidecar must not need (it runs alone on GPU nodes).
 NOT_IN_SIDECAR = ("pyspark", "pandas", "numpy", "deltalake", "matplotlib")
@@ -210,6 +210,46 @@ def test_the_checker_sees_an_internal_sidecar_import() -> None:
         tmp.unlink()
 
 
+def _sidecar_export_modules() -> dict[str, str]:
+    """``sidecar/__init__.py``'s public name -> the module it comes from (read, not
+    imported)."""
+    tree = ast.parse((REPO / "sidecar" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("sidecar/__init__.py has no _EXPORTS")
+
+
+def _sidecar_modules_used(path: Path) -> set[str]:
+    """The sidecar modules ``path`` uses: imported ones, and the home modules of the
+    names it imports from ``sidecar``."""
+    homes = _sidecar_export_modules()
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module == "sidecar":
+            used.update(homes.get(a.name, f"sidecar.{a.name}") for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module \
+                and node.module.startswith("sidecar."):
+            used.add(node.module)
+        elif isinstance(node, ast.Import):
+            used.update(a.name for a in node.names if a.name.startswith("sidecar."))
+    return used
+
+
+def test_the_spark_side_stands_on_the_sidecars_base_layer_only() -> None:
+    """What the Spark side shares with the sidecar (the wire contract and its generated
+    code, the client, atomic files, quantiles, YAML loading, credentials, the kinds'
+    registry, tracing's set-up) is the sidecar's base layer, which imports nothing above
+    it (``test_sidecar_layers_import_downwards_only``): ``spark_ext`` uses no other
+    sidecar module, so an executor never loads admission, the scheduler or the server."""
+    wrong = sorted(f"{mod} uses {used}" for mod, path in MODULES.items()
+                   if _top(mod) == "spark_ext" for used in _sidecar_modules_used(path)
+                   if _sidecar_layer(used) != 0)
+    assert not wrong, wrong
+    assert _sidecar_layer("sidecar.scheduler") > 0  # the check can fail
+
+
 def test_the_sidecar_needs_no_spark_side_package() -> None:
     wrong = [f"{mod} imports {imp}" for mod, imps in IMPORTS.items() if _top(mod) == "sidecar"
              for imp in imps if _top(imp) in NOT_IN_SIDECAR]
@@ -278,7 +318,8 @@ def _architecture_layout() -> set[str]:
 def test_architecture_layout_lists_every_module() -> None:
     tree = {str(p.relative_to(REPO)) for p in MODULES.values()
             if p.name != "__init__.py"
-            or p.parent.name in ("contract", "engines", "admission", "result_channels", "writers")}
+            or p.parent.name in ("contract", "engines", "admission", "result_channels", "writers",
+                                 "channels")}
     listed = _architecture_layout()
     assert not tree - listed, \
         f"modules missing from docs/architecture.md's Layout: {sorted(tree - listed)}"
@@ -286,15 +327,18 @@ def test_architecture_layout_lists_every_module() -> None:
         f"docs/architecture.md's Layout lists files that do not exist: {sorted(listed - tree)}"
 
 
-def test_the_pipeline_asks_its_writer_never_its_name() -> None:
-    """``StsPipeline`` and the answers batch branch on what a writer says of itself
-    (``TableWriter``'s class attributes), never on ``output.writer``'s value: a third
-    writer is one new module."""
+def test_the_pipeline_asks_its_writer_and_channel_never_their_names() -> None:
+    """``StsPipeline``, the answers query and the job branch on what a writer or a result
+    channel's Spark side says of itself (``TableWriter``'s and ``ChannelSide``'s
+    attributes), never on ``output.writer``'s or ``sidecar.result_channel``'s value: a
+    third writer or channel is one new module."""
     import re
 
-    for path in ("spark_ext/pipeline/sts_pipeline.py", "spark_ext/l4/answers_batch.py"):
+    for path in ("spark_ext/pipeline/sts_pipeline.py", "spark_ext/l4/answers_batch.py",
+                 "spark_ext/l4/arrivals.py", "spark_ext/pipeline/job.py",
+                 "spark_ext/submit/ack_channel.py", "spark_ext/submit/submission.py"):
         text = (REPO / path).read_text(encoding="utf-8")
-        assert not re.search(r"""writer\s*[!=]=\s*["']""", text), path
+        assert not re.search(r"""(writer|result_channel|kind)\s*[!=]=\s*["']""", text), path
 
 
 #: Classes that hold more than :data:`MAX_ATTRIBUTES` on purpose: the records of the

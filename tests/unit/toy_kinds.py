@@ -1,4 +1,5 @@
-"""A toy of each kind (engine, result channel, writer, event source), registered by
+"""A toy of each kind (engine, result channel and its Spark side, writer, event source),
+registered by
 ``test_kinds``: what a new kind needs beyond its one registration line
 (``docs/extending.md``)."""
 
@@ -9,7 +10,11 @@ from typing import Any
 from sidecar.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from sidecar.request_state import ResultRecord
 from sidecar.result_channels.base import ResultChannel, ResultChannelStats
+import pyarrow as pa
+
+from spark_ext.l4.channels.base import ChannelSide, ChannelStreams
 from spark_ext.l4.writers.base import TableWriter
+from spark_ext.submit.ack_channel import AckChannel
 from spark_ext.sources.base import EventSource
 
 
@@ -91,3 +96,32 @@ class ToyWriter(TableWriter):
 
     def version(self, spark: Any, name: str) -> int:
         return 0
+
+
+#: What :class:`ToyAcks` wrote: (pipeline, run, rows).
+TOY_ACKS: list[tuple[str, str, int]] = []
+
+
+class ToyAcks(AckChannel):
+    """Keeps the acks in :data:`TOY_ACKS`."""
+
+    def write_table(self, table: pa.Table) -> None:
+        TOY_ACKS.append((self.pipeline_id, self.run_id, table.num_rows))
+
+
+class ToyChannelSide(ChannelSide):
+    """The Spark side of the toy result channel: reads nothing, keeps its acks."""
+
+    name = "toy"
+
+    def source(self) -> str:
+        return "the toy channel"
+
+    def results(self, spark: Any) -> Any:
+        raise NotImplementedError
+
+    def streams(self, spark: Any, ack_schema: Any) -> ChannelStreams:
+        raise NotImplementedError
+
+    def ack_channel(self, run_id: str, run_started_ms: int) -> ToyAcks:
+        return ToyAcks(self.pipeline_id, run_id, run_started_ms)
