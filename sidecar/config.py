@@ -224,6 +224,11 @@ class SchedulerConfig:
     the test that lets a request wait past its pool's ``max_queue_delay_ms`` (above 1
     is more cautious, below 1 admits more)."""
 
+    target_utilisation: float = 0.7
+    """The share of a GPU's measured capacity the scale signal plans to use
+    (``desired_gpus`` on ``/metrics`` and ``GetStats``; the capacity formula's 0.6-0.75
+    leaves room for bursts)."""
+
     max_tokens_cap: int = 2048
     """Largest ``max_tokens`` a request may ask for."""
 
@@ -255,6 +260,8 @@ class SchedulerConfig:
             raise SidecarConfigError(f"{self.engine_check_interval_s=} must be in (0, 60]")
         if not 0 < self.deadline_slack <= 10:
             raise SidecarConfigError(f"{self.deadline_slack=} must be in (0, 10]")
+        if not 0 < self.target_utilisation <= 1:
+            raise SidecarConfigError(f"{self.target_utilisation=} must be in (0, 1]")
         if unknown := set(self.pools) - set(PRIORITY_NAMES):
             raise SidecarConfigError(f"unknown pools {sorted(unknown)}; pools are {PRIORITY_NAMES}")
         defaults = _default_pools()

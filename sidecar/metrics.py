@@ -38,6 +38,7 @@ from prometheus_client.utils import floatToGoString
 from sidecar.contract import PRIORITY_NAMES, RefusalReason, Status
 from sidecar.request_state import ResultRecord
 from sidecar.result_channels import ResultChannelStats
+from sidecar.scale_signal import ScaleSignal
 
 _PREFIX = "sts_sidecar"
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 15.0, 30.0, 60.0, 120.0)
@@ -133,6 +134,35 @@ class _LiveCollector(Collector):
         yield err
         if s.result_channel is not None:
             yield from _result_channel_families(s.result_channel)
+        if s.scale is not None:
+            yield from _scale_families(s.scale)
+
+
+def _scale_families(scale: ScaleSignal) -> Iterator[Metric]:
+    """The scale signal (:mod:`sidecar.scale_signal`): what an autoscaler (KEDA, an HPA)
+    scales this sidecar's kind of GPU on (``sts_sidecar_desired_gpus``, summed over
+    the sidecars of a pipeline), and what it rests on."""
+    gauges = {
+        "desired_gpus": ("GPUs the capacity formula asks for: demand / (one GPU's measured "
+                         "capacity x target utilisation), rounded up (at least 1).",
+                         scale.desired_gpus),
+        "served_gpus": ("GPUs this sidecar serves.", scale.gpus),
+        "demand_tokens_per_second": ("Output tokens/s asked for: the last 60 s of arrivals "
+                                     "(accepted or refused, at their expected length) "
+                                     "plus the queued backlog over 60 s.",
+                                     scale.demand_tokens_per_s),
+        "capacity_tokens_per_second": ("One GPU's measured output tokens/s at the full "
+                                       "batch (0 while unknown).",
+                                       scale.capacity_tokens_per_s),
+        "utilisation_ratio": ("Demand over the capacity of the GPUs there are (above 1: "
+                              "short).", scale.utilisation),
+        "refused_ratio": ("Share of the last 60 s of arrivals refused at admission.",
+                          scale.refused_share),
+        "timeout_ratio": ("Share of the last 60 s of terminal rows that were timeout.",
+                          scale.timeout_share),
+    }
+    for name, (doc, value) in gauges.items():
+        yield GaugeMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))
 
 
 def _result_channel_families(c: ResultChannelStats) -> Iterator[Metric]:

@@ -66,6 +66,7 @@ from sidecar.lifecycle import Lifecycle
 from sidecar.load_control import LoadControl
 from sidecar.pools import Pool, Running
 from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
+from sidecar.scale_signal import ScaleSignal, scale_signal
 from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
 from sidecar.timers import DeadlineTimers
 from sidecar.waiters import Waiters
@@ -186,7 +187,26 @@ class Scheduler:
         for req, wait_s in decisions.accepted:
             self._enqueue(req, wait_s)
         self._shed_over_watermarks()
+        self._count_demand(decisions.accepted, decisions.refused)
         return decisions.acks
+
+    def _count_demand(self, accepted: list[tuple[SidecarRequest, float]],
+                      refused: list[tuple[SidecarRequest, Refusal]]) -> None:
+        """The batch's arrivals, per pool, for the scale signal: their expected output
+        tokens, how many, how many refused."""
+        per_pool: dict[Priority, list[float]] = {}
+        for pairs, was_refused in ((accepted, 0), (refused, 1)):
+            for req, _ in pairs:
+                if req.priority is None:
+                    continue
+                entry = per_pool.setdefault(req.priority, [0.0, 0, 0])
+                entry[0] += self.estimator.expected_output_tokens(req.priority,
+                                                                  max(req.max_tokens, 0))
+                entry[1] += 1
+                entry[2] += was_refused
+        for priority, (tokens, n, n_refused) in per_pool.items():
+            self.counters.demand.arrived(priority, tokens=tokens, requests=int(n),
+                                         refused=int(n_refused))
 
     def _outstanding(self) -> int:
         """Rows that queued and running requests (late work included) will still write."""
@@ -694,7 +714,8 @@ class Scheduler:
             return
         self.lifecycle.engine_error = why or "engine failed"
         logger.error("Engine failed (%s): refusing new requests, failing %d running and "
-                     "%d queued.", self.engine_error, len(self.slots.tasks), self.load.total_queued())
+                     "%d queued.", self.engine_error, len(self.slots.tasks),
+                     self.load.total_queued())
         self.engine_dead.set()
         if task := self._dispatcher:
             self._dispatcher = None
@@ -790,4 +811,19 @@ class Scheduler:
             wait_error_s=c.wait_error_summary(),
             result_channel=self.results.stats() if self.results is not None else None,
             calibration=self.estimator.calibration,
+            scale=self._scale_signal(),
         )
+
+    def _scale_signal(self) -> ScaleSignal:
+        """Demand against capacity now (:mod:`sidecar.scale_signal`)."""
+        est = self.estimator
+        backlog = sum(est.expected_output_tokens(p, r.max_tokens) for p, pool in self.pools.items()
+                      for r in pool.queue if r.status is RequestStatus.QUEUED)
+        full = self.config.max_in_flight
+        c = self.counters
+        return scale_signal(
+            c.demand, backlog_tokens=backlog, full_batch=full,
+            tpot_at_full_batch_s=est.tpot_s(Priority.NORMAL, full) if est.speed.known else None,
+            gpus=self.engine.batches, target_utilisation=self.config.target_utilisation,
+            finished=sum(c.results_by_status.values()),
+            timeouts=c.results_by_status.get("timeout", 0))

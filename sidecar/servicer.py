@@ -15,6 +15,7 @@ from sidecar.pb.sts.v1 import inference_pb2 as pb
 from sidecar.pb.sts.v1 import inference_pb2_grpc as pb_grpc
 from sidecar.request_state import ResultRecord, SidecarRequest
 from sidecar.result_channels import ResultChannelStats
+from sidecar.scale_signal import ScaleSignal
 from sidecar.scheduler import Scheduler
 from sidecar.stats import SchedulerStats
 
@@ -115,7 +116,20 @@ def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, mode
         calibration=[pb.EngineSpeed(batch=c.batch, ttft_ms=c.ttft_s * 1000.0,
                                     tpot_ms=(c.tpot_s or 0.0) * 1000.0)
                      for c in s.calibration],
+        scale=_scale_to_proto(s.scale),
     )
+
+
+def _scale_to_proto(scale: ScaleSignal | None) -> pb.ScaleSignal | None:
+    if scale is None:
+        return None
+    return pb.ScaleSignal(
+        demand_tokens_per_s=scale.demand_tokens_per_s, demand_by_pool=scale.demand_by_pool,
+        backlog_tokens=scale.backlog_tokens, capacity_tokens_per_s=scale.capacity_tokens_per_s,
+        gpus=scale.gpus, target_utilisation=scale.target_utilisation,
+        desired_gpus_exact=scale.desired_gpus_exact, desired_gpus=scale.desired_gpus,
+        utilisation=scale.utilisation, refused_share=scale.refused_share,
+        timeout_share=scale.timeout_share)
 
 
 def _channel_to_proto(c: ResultChannelStats | None) -> pb.ResultChannelStats | None:

@@ -11,6 +11,7 @@ from sidecar.engines import EngineStats
 from sidecar.quantiles import percentile
 from sidecar.request_state import ResultRecord
 from sidecar.result_channels.base import ResultChannelStats
+from sidecar.scale_signal import DemandMeter, ScaleSignal
 
 #: Output tokens/s is measured over the requests finished in this many seconds.
 TOKEN_RATE_WINDOW_S = 10.0
@@ -67,6 +68,9 @@ class SchedulerStats:
     calibration: tuple = ()
     """The warm-up's timed generations (:class:`~sidecar.warmup.SpeedSample`), as given
     to :meth:`~sidecar.estimator.ServiceRateEstimator.calibrate`."""
+    scale: ScaleSignal | None = None
+    """Demand against capacity and the GPUs the capacity formula asks for
+    (:mod:`sidecar.scale_signal`)."""
 
     @property
     def queued(self) -> dict[Priority, int]:
@@ -115,6 +119,8 @@ class SchedulerCounters:
         default_factory=lambda: {str(r): 0 for r in RefusalReason})
     _token_events: collections.deque[tuple[float, int]] = field(
         default_factory=collections.deque, repr=False)
+    demand: DemandMeter = field(default_factory=DemandMeter, repr=False)
+    """Arrivals over the scale signal's window (:mod:`sidecar.scale_signal`)."""
     _estimated_waits: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False)
     """Per queued request: (estimated wait at admission, monotonic admission time)."""
 

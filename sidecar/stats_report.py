@@ -35,4 +35,13 @@ def format_stats(stats: pb.GetStatsResponse) -> str:
         up = {1: "", 0: ", DESTINATION UNREACHABLE"}.get(c.up, "")
         lines.append(f"result channel {c.kind}: {c.produced} rows, {c.delivered} delivered, "
                      f"{c.buffered} buffered, {c.delivery_errors} delivery errors{up}")
+    if stats.HasField("scale"):
+        sc = stats.scale
+        capacity = (f"{sc.capacity_tokens_per_s:.0f} tok/s per GPU"
+                    if sc.capacity_tokens_per_s > 0 else "capacity not measured yet")
+        lines.append(f"scale: demand {sc.demand_tokens_per_s:.0f} tok/s, {capacity}, "
+                     f"utilisation {sc.utilisation:.0%} of {sc.gpus} GPU(s); desired GPUs "
+                     f"{sc.desired_gpus} ({sc.desired_gpus_exact:.2f} at "
+                     f"{sc.target_utilisation:.0%}); refused {sc.refused_share:.0%}, "
+                     f"timeouts {sc.timeout_share:.0%} (last 60 s)")
     return "\n".join(lines)

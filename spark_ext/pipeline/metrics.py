@@ -79,6 +79,27 @@ class _PipelineCollector(Collector):
         yield dead
 
 
+def pipeline_scale(rows: list[dict]) -> dict[str, float]:
+    """The scale signal of a pipeline: each sidecar's (one row per task that reached it;
+    several tasks may share one) summed over the distinct sidecars.
+
+    Example:
+        >>> rows = [{"sidecar_id": "a", "gpus": 1, "desired_gpus": 3, "demand_tokens_per_s": 900.0},
+        ...         {"sidecar_id": "a", "gpus": 1, "desired_gpus": 3, "demand_tokens_per_s": 900.0},
+        ...         {"sidecar_id": "b", "gpus": 1, "desired_gpus": 2, "demand_tokens_per_s": 500.0},
+        ...         {"sidecar_id": None, "gpus": None, "desired_gpus": None,
+        ...          "demand_tokens_per_s": None}]
+        >>> pipeline_scale(rows)
+        {'gpus': 2.0, 'desired_gpus': 5.0, 'demand_tokens_per_second': 1400.0}
+    """
+    seen = {r["sidecar_id"]: r for r in rows
+            if r.get("sidecar_id") is not None and r.get("desired_gpus") is not None}
+    return {"gpus": float(sum(r["gpus"] for r in seen.values())),
+            "desired_gpus": float(sum(r["desired_gpus"] for r in seen.values())),
+            "demand_tokens_per_second": float(sum(r["demand_tokens_per_s"]
+                                                  for r in seen.values()))}
+
+
 class PipelineMetrics(StreamingQueryListener):
     """Micro-batch figures of the pipeline's queries plus its counters, on a registry.
 
@@ -117,9 +138,21 @@ class PipelineMetrics(StreamingQueryListener):
                                "(newest offset minus the offset read to), at its last "
                                "micro-batch.", ["query", "topic", "partition"],
                                registry=self.registry)
+        self.scale = Gauge(f"{_PREFIX}_scale", "The sidecars' scale signal summed over the "
+                           "distinct sidecars the executors reached at the last check: "
+                           "measure gpus (GPUs they serve), desired_gpus (what the "
+                           "capacity formula asks for), demand_tokens_per_second.",
+                           ["measure"], registry=self.registry)
         self.registry.register(_PipelineCollector(pipeline))
         self._server: Any = None
         self._lock = threading.Lock()
+
+    def sidecars_checked(self, rows: list[dict]) -> None:
+        """The rows of a sidecar check (:func:`~spark_ext.submit.submission.check_sidecars`):
+        sum the scale signal over the distinct sidecars that answered."""
+        totals = pipeline_scale(rows)
+        for measure, value in totals.items():
+            self.scale.labels(measure).set(value)
 
     # StreamingQueryListener -------------------------------------------------------------
 

@@ -81,6 +81,9 @@ logger = logging.getLogger(__name__)
 #: repeat then is dropped without a table read; later ones are merged, which is as
 #: correct and costs a read).
 STATE_HOLD_MS = 30_000
+#: How often, with the driver's ``/metrics`` on, the executors ask their sidecars for the
+#: scale signal (a small Spark job; ``sts_spark_scale``).
+SCALE_CHECK_INTERVAL_S = 30.0
 
 #: Spark's idle poll interval of a streaming query (``output.idle_poll_ms``).
 _POLLING_DELAY = "spark.sql.streaming.pollingDelay"
@@ -425,9 +428,6 @@ class StsPipeline:
         self.tables.create_tables(self.spark)
         # The last version written before this start: the answers topic publishes after it.
         answers_version = self._table_version("answers") if publish else 0
-        if self.config.sidecar.check_at_start:
-            self.check_sidecars()
-        self.channel.prepare()  # e.g. the result and acks topics
         if (port := self.config.output.metrics_port) is not None:
             from spark_ext.pipeline.metrics import PipelineMetrics
 
@@ -436,6 +436,9 @@ class StsPipeline:
             self.metrics.serve(port, self.config.output.metrics_addr)
             logger.info("Spark-side metrics on http://%s:%d/metrics",
                         self.config.output.metrics_addr, self.metrics_port)
+        if self.config.sidecar.check_at_start:
+            self.check_sidecars()
+        self.channel.prepare()  # e.g. the result and acks topics
         submit_df = self.acks(events, ack_channel=self._ack_channel())
         keys = tuple(self.config.tagging.key_columns)
         batch_writer = AnswersBatch(
@@ -477,6 +480,9 @@ class StsPipeline:
             Ticker("sts-maintenance", self.config.maintenance.interval_s, self._maintain),
             Ticker("sts-health", 0.5, self._watch_health),
         ]
+        if self.metrics is not None:  # the scale signal on the driver's /metrics
+            self.tickers.append(Ticker("sts-scale", SCALE_CHECK_INTERVAL_S,
+                                       self.check_sidecars))
         for t in self.tickers:
             t.start()
         return self.queries
@@ -611,7 +617,9 @@ class StsPipeline:
 
     def check_sidecars(self) -> list[dict]:
         """Ask from the executors' Python tasks whether their sidecar serves; log the
-        answer (see :attr:`~spark_ext.config.SidecarEndpointConfig.check_at_start`)."""
+        answer (see :attr:`~spark_ext.config.SidecarEndpointConfig.check_at_start`). With
+        the driver's ``/metrics`` on, their scale signal, summed, goes there
+        (``sts_spark_scale``); it is asked again every :data:`SCALE_CHECK_INTERVAL_S`."""
         started = time.monotonic()
         rows = check_sidecars(self.spark, self.config.sidecar)
         down = [r for r in rows if not r["serving"]]
@@ -621,6 +629,8 @@ class StsPipeline:
                            f" ({r['error']})" if r["error"] else "")
         logger.info("Sidecar check from %d task(s): %d serving (%.1f s).", len(rows),
                     len(rows) - len(down), time.monotonic() - started)
+        if self.metrics is not None:
+            self.metrics.sidecars_checked(rows)
         return rows
 
     def _watch_health(self) -> None:

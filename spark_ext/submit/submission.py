@@ -247,7 +247,10 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
 
 #: Columns of :func:`check_sidecars`'s rows.
 SIDECAR_CHECK_SCHEMA = pa.schema([("partition", pa.int64()), ("endpoint", pa.string()),
-                                  ("serving", pa.bool_()), ("error", pa.string())])
+                                  ("serving", pa.bool_()), ("error", pa.string()),
+                                  ("sidecar_id", pa.string()), ("gpus", pa.int32()),
+                                  ("desired_gpus", pa.int32()),
+                                  ("demand_tokens_per_s", pa.float64())])
 
 
 def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
@@ -262,17 +265,24 @@ def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointC
         pass
     ctx = TaskContext.get()
     endpoint = resolve_endpoint(config)
-    serving, error = False, None
+    serving, error, stats = False, None, None
     try:
         task_sidecar(config)  # with launch: lazy, the check starts the sidecars
         with SidecarClient(endpoint, timeout_s=config.timeout_s,
                            security=config.security()) as client:
             serving = client.is_serving()
+            stats = client.stats() if serving else None
     except Exception as e:  # reported as a row; the pipeline decides what to do
         error = f"{type(e).__name__}: {e}".splitlines()[0]
+    scale = stats.scale if stats is not None and stats.HasField("scale") else None
     yield pa.RecordBatch.from_pydict(
         {"partition": [ctx.partitionId() if ctx is not None else -1], "endpoint": [endpoint],
-         "serving": [serving], "error": [error]}, schema=SIDECAR_CHECK_SCHEMA)
+         "serving": [serving], "error": [error],
+         "sidecar_id": [stats.sidecar_id if stats is not None else None],
+         "gpus": [scale.gpus if scale else None],
+         "desired_gpus": [scale.desired_gpus if scale else None],
+         "demand_tokens_per_s": [scale.demand_tokens_per_s if scale else None]},
+        schema=SIDECAR_CHECK_SCHEMA)
 
 
 def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
@@ -286,7 +296,9 @@ def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
     does not pay for starting them.
 
     Returns:
-        One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``.
+        One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``, and the
+        sidecar's ``sidecar_id`` and scale signal (``gpus``, ``desired_gpus``,
+        ``demand_tokens_per_s``; ``None`` when it does not serve).
     """
     from spark_ext.session import task_slots
 

@@ -503,6 +503,9 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
     assert 'sts_spark_validation_failures_total{rule="pii:email"} 3.0' in metrics
     assert 'sts_spark_answers_total{source="fallback",status="invalid"} 3.0' in metrics
     assert 'sts_spark_validation_failures_total{rule="pii:card"} 0.0' in metrics
+    # The start-up check's scale signal: one idle simulated sidecar, one GPU, asks for one.
+    assert 'sts_spark_scale{measure="gpus"} 1.0' in metrics
+    assert 'sts_spark_scale{measure="desired_gpus"} 1.0' in metrics
     assert "sts_spark_requests_submitted_total 3.0" in metrics
     assert 'sts_spark_input_rows_total{query="sts-submit"} 3.0' in metrics
     assert "sts_spark_backlog_requests 0.0" in metrics

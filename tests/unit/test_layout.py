@@ -37,7 +37,7 @@ SIDECAR_LAYERS = (
     ("sidecar.config", "sidecar.security"),
     ("sidecar.request_state", "sidecar.engines", "sidecar.model_prep", "sidecar.warmup",
      "sidecar.result_channels", "sidecar.acks", "sidecar.estimator", "sidecar.pools",
-     "sidecar.engine_slots", "sidecar.lifecycle", "sidecar.waiters"),
+     "sidecar.engine_slots", "sidecar.lifecycle", "sidecar.waiters", "sidecar.scale_signal"),
     ("sidecar.load_control", "sidecar.stats", "sidecar.metrics", "sidecar.tracing",
      "sidecar.dispatch_order"),
     ("sidecar.admission",),

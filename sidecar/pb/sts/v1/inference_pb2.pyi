@@ -694,6 +694,7 @@ class GetStatsResponse(_message.Message):
     LATE_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     RESULT_CHANNEL_FIELD_NUMBER: _builtins.int
     CALIBRATION_FIELD_NUMBER: _builtins.int
+    SCALE_FIELD_NUMBER: _builtins.int
     sidecar_id: _builtins.str
     engine: _builtins.str
     """/ "vllm" or "simulated"."""
@@ -745,6 +746,10 @@ class GetStatsResponse(_message.Message):
         / before any request taught the scheduler (clients size their load by it).
         """
 
+    @_builtins.property
+    def scale(self) -> Global___ScaleSignal:
+        """/ Demand against capacity, and the GPUs the capacity formula asks for."""
+
     def __init__(
         self,
         *,
@@ -772,14 +777,100 @@ class GetStatsResponse(_message.Message):
         late_in_flight: _builtins.int = ...,
         result_channel: Global___ResultChannelStats | None = ...,
         calibration: _abc.Iterable[Global___EngineSpeed] | None = ...,
+        scale: Global___ScaleSignal | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["result_channel", b"result_channel"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result_channel", b"result_channel", "scale", b"scale"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "calibration", b"calibration", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "calibration", b"calibration", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "scale", b"scale", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class ScaleSignal(_message.Message):
+    """/ The scale signal of one sidecar: what arrived over the last 60 s (accepted or
+    / refused, each request at its expected output length) plus the queued backlog,
+    / against one GPU's measured output tokens/s at the full batch.
+    / desired_gpus = ceil(demand / (capacity x target_utilisation)), at least 1.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class DemandByPoolEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    DEMAND_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    DEMAND_BY_POOL_FIELD_NUMBER: _builtins.int
+    BACKLOG_TOKENS_FIELD_NUMBER: _builtins.int
+    CAPACITY_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    TARGET_UTILISATION_FIELD_NUMBER: _builtins.int
+    DESIRED_GPUS_EXACT_FIELD_NUMBER: _builtins.int
+    DESIRED_GPUS_FIELD_NUMBER: _builtins.int
+    UTILISATION_FIELD_NUMBER: _builtins.int
+    REFUSED_SHARE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SHARE_FIELD_NUMBER: _builtins.int
+    demand_tokens_per_s: _builtins.float
+    """/ Output tokens/s asked for: the window's arrivals plus the backlog over the window."""
+    backlog_tokens: _builtins.float
+    """/ Expected output tokens of the requests queued now."""
+    capacity_tokens_per_s: _builtins.float
+    """/ One GPU's output tokens/s at the full batch, measured; 0 while unknown."""
+    gpus: _builtins.int
+    """/ GPUs this sidecar serves."""
+    target_utilisation: _builtins.float
+    desired_gpus_exact: _builtins.float
+    """/ The formula's value (gpus while the capacity is unknown), and rounded up."""
+    desired_gpus: _builtins.int
+    utilisation: _builtins.float
+    """/ Demand over the capacity of the GPUs there are (above 1: short)."""
+    refused_share: _builtins.float
+    """/ Shares of the window's arrivals refused and of its terminal rows timed out."""
+    timeout_share: _builtins.float
+    @_builtins.property
+    def demand_by_pool(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """/ The arrivals' part of it per pool name."""
+
+    def __init__(
+        self,
+        *,
+        demand_tokens_per_s: _builtins.float = ...,
+        demand_by_pool: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        backlog_tokens: _builtins.float = ...,
+        capacity_tokens_per_s: _builtins.float = ...,
+        gpus: _builtins.int = ...,
+        target_utilisation: _builtins.float = ...,
+        desired_gpus_exact: _builtins.float = ...,
+        desired_gpus: _builtins.int = ...,
+        utilisation: _builtins.float = ...,
+        refused_share: _builtins.float = ...,
+        timeout_share: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog_tokens", b"backlog_tokens", "capacity_tokens_per_s", b"capacity_tokens_per_s", "demand_by_pool", b"demand_by_pool", "demand_tokens_per_s", b"demand_tokens_per_s", "desired_gpus", b"desired_gpus", "desired_gpus_exact", b"desired_gpus_exact", "gpus", b"gpus", "refused_share", b"refused_share", "target_utilisation", b"target_utilisation", "timeout_share", b"timeout_share", "utilisation", b"utilisation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScaleSignal: _TypeAlias = ScaleSignal  # noqa: Y015
 
 @_typing.final
 class EngineSpeed(_message.Message):
