@@ -656,6 +656,37 @@ class MaintenanceConfig:
 
 
 @dataclass
+class ScalingConfig:
+    """Elastic GPU capacity: the pipeline asks the cluster manager for GPU executors
+    when the sidecars' scale signal stays above what there is, and releases idle ones
+    when it stays below (:mod:`spark_ext.pipeline.scaling`). Off by default; where the
+    driver cannot ask (local mode, Spark Connect, Databricks' own autoscaling) the
+    signal is on the driver's ``/metrics`` for an outside autoscaler instead."""
+
+    enabled: bool = False
+    min_gpus: int = 1
+    """Fewest GPU executors kept."""
+    max_gpus: int = 4
+    """Most GPU executors asked for."""
+    up_window_s: float = 60.0
+    """The desired GPUs must stay above what there is this long before more are asked
+    for (the median of the values seen over the window is asked for)."""
+    down_window_s: float = 600.0
+    """The desired GPUs must stay below what there is this long before executors are
+    released (down to the largest value seen over the window)."""
+    cooldown_s: float = 180.0
+    """No decision this long after an action (a new executor's sidecar warms up first)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_gpus <= self.max_gpus:
+            raise PipelineConfigError(f"scaling: need 1 <= min_gpus ({self.min_gpus}) <= "
+                                      f"max_gpus ({self.max_gpus})")
+        if min(self.up_window_s, self.down_window_s, self.cooldown_s) < 0:
+            raise PipelineConfigError("scaling: up_window_s, down_window_s and cooldown_s "
+                                      "must be >= 0")
+
+
+@dataclass
 class RolloutConfig:
     """How much of the LLM-routed traffic the model answers (docs/rollout.md).
     Switching mode needs no code change and keeps the checkpoints."""
@@ -735,6 +766,7 @@ class PipelineConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
 
     @classmethod
     def sections(cls) -> dict[str, type]:

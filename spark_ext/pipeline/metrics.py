@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from pyspark.sql.streaming import StreamingQueryListener
 
 from spark_ext.config import QUERIES
+from spark_ext.pipeline.scaling import pipeline_scale
 from spark_ext.sources.kafka import kafka_lag
 
 _PREFIX = "sts_spark"
@@ -77,27 +78,6 @@ class _PipelineCollector(Collector):
                                    "table).")
         dead.add_metric([], p.dead_letters)
         yield dead
-
-
-def pipeline_scale(rows: list[dict]) -> dict[str, float]:
-    """The scale signal of a pipeline: each sidecar's (one row per task that reached it;
-    several tasks may share one) summed over the distinct sidecars.
-
-    Example:
-        >>> rows = [{"sidecar_id": "a", "gpus": 1, "desired_gpus": 3, "demand_tokens_per_s": 900.0},
-        ...         {"sidecar_id": "a", "gpus": 1, "desired_gpus": 3, "demand_tokens_per_s": 900.0},
-        ...         {"sidecar_id": "b", "gpus": 1, "desired_gpus": 2, "demand_tokens_per_s": 500.0},
-        ...         {"sidecar_id": None, "gpus": None, "desired_gpus": None,
-        ...          "demand_tokens_per_s": None}]
-        >>> pipeline_scale(rows)
-        {'gpus': 2.0, 'desired_gpus': 5.0, 'demand_tokens_per_second': 1400.0}
-    """
-    seen = {r["sidecar_id"]: r for r in rows
-            if r.get("sidecar_id") is not None and r.get("desired_gpus") is not None}
-    return {"gpus": float(sum(r["gpus"] for r in seen.values())),
-            "desired_gpus": float(sum(r["desired_gpus"] for r in seen.values())),
-            "demand_tokens_per_second": float(sum(r["demand_tokens_per_s"]
-                                                  for r in seen.values()))}
 
 
 class PipelineMetrics(StreamingQueryListener):

@@ -40,6 +40,7 @@ import re
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -65,7 +66,10 @@ from spark_ext.pipeline.ticker import Ticker
 from spark_ext import storage
 from spark_ext.l4.writers import TableWriter, choose_writer
 from spark_ext.pipeline.run_ids import QueryRun, is_new_checkpoint, query_run
+from spark_ext.pipeline.scaling import (ScaleController, SparkExecutors, pipeline_scale,
+                                        scaling_step)
 from spark_ext.schemas import spark_schema
+from spark_ext.session import is_connect
 from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE, register_clock_source
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
@@ -190,6 +194,10 @@ class StsPipeline:
     """
 
     def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:
+        if config.scaling.enabled and is_connect(spark):
+            raise PipelineConfigError(
+                "scaling.enabled needs a classic session: on Spark Connect the driver cannot "
+                "ask for executors (scale on the sidecars' /metrics signal instead)")
         self.spark = spark
         self.config = config
         self.template = PromptTemplate(stable=config.template.stable,
@@ -480,9 +488,8 @@ class StsPipeline:
             Ticker("sts-maintenance", self.config.maintenance.interval_s, self._maintain),
             Ticker("sts-health", 0.5, self._watch_health),
         ]
-        if self.metrics is not None:  # the scale signal on the driver's /metrics
-            self.tickers.append(Ticker("sts-scale", SCALE_CHECK_INTERVAL_S,
-                                       self.check_sidecars))
+        if self.metrics is not None or self.config.scaling.enabled:
+            self.tickers.append(Ticker("sts-scale", SCALE_CHECK_INTERVAL_S, self._scaler()))
         for t in self.tickers:
             t.start()
         return self.queries
@@ -632,6 +639,20 @@ class StsPipeline:
         if self.metrics is not None:
             self.metrics.sidecars_checked(rows)
         return rows
+
+    def _scaler(self) -> Callable[[], object]:
+        """Every check of the scale signal: the sidecars asked (``/metrics``), and with
+        ``scaling.enabled`` the GPU executors asked for or released
+        (:mod:`spark_ext.pipeline.scaling`)."""
+        if not self.config.scaling.enabled:
+            return self.check_sidecars
+        controller = ScaleController(self.config.scaling)
+        executors = SparkExecutors(self.spark)
+
+        def step() -> object:
+            desired = int(pipeline_scale(self.check_sidecars())["desired_gpus"])
+            return scaling_step(controller, executors, desired) if desired else None
+        return step
 
     def _watch_health(self) -> None:
         """Stop everything when one part died (a query with nobody reading answers

@@ -1,0 +1,121 @@
+"""The scaling controller's decisions on a recorded load trace (issue 32, item 2): up
+after the up window to the level it held, down after the down window, hold in between
+and while cooling down; never flapping on a steady or noisy load."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from spark_ext.config import PipelineConfig, ScalingConfig
+from spark_ext.exceptions import PipelineConfigError
+from spark_ext.pipeline.scaling import (ScaleController, ScaleDecision, SparkExecutors,
+                                        scaling_step)
+
+CONFIG = ScalingConfig(enabled=True, min_gpus=1, max_gpus=4, up_window_s=60,
+                       down_window_s=600, cooldown_s=180)
+
+
+def _trace() -> list[tuple[float, int]]:
+    """(seconds, desired GPUs) every 30 s: 10 minutes at a base one GPU serves (desired
+    1, with a one-check blip to 2), a 3-minute step to 4x (desired 4, one check at 3),
+    back to the base for 20 minutes."""
+    trace = [(t, 1) for t in range(0, 600, 30)]
+    trace[7] = (210, 2)  # a single noisy check in the steady phase
+    trace += [(t, 4) for t in range(600, 780, 30)]
+    trace[22] = (660, 3)
+    trace += [(t, 1) for t in range(780, 1980, 30)]
+    return trace
+
+
+def _replay(controller: ScaleController, trace: list[tuple[float, int]]
+            ) -> list[tuple[float, ScaleDecision]]:
+    current, actions = 1, []
+    for t, desired in trace:
+        decision = controller.decide(t, desired=desired, current=current)
+        if decision.action != "hold":
+            actions.append((t, decision))
+            current = decision.target
+    return actions
+
+
+def test_a_load_step_scales_up_once_and_down_once() -> None:
+    actions = _replay(ScaleController(CONFIG), _trace())
+    assert [(t, d.action, d.target) for t, d in actions] == [
+        # The step starts at 600 s; 60 s later the median of the window (4, 4, 3: one
+        # noisy check) is asked for; at 780 s the load is back, but the cool-down (180 s
+        # from 660 s) and then the down window (600 s from 780 s) hold it.
+        (660, "up", 4),
+        (1380, "down", 1),
+    ]
+    # Nothing during the steady phases: the blip at 210 s did not last the up window.
+    assert all(600 <= t <= 1380 for t, _ in actions)
+
+
+def test_the_limits_and_the_cool_down_hold() -> None:
+    c = ScaleController(ScalingConfig(enabled=True, min_gpus=2, max_gpus=3, up_window_s=0,
+                                      down_window_s=0, cooldown_s=100))
+    assert c.decide(0, desired=9, current=2) == ScaleDecision(
+        "up", 3, "9 desired for 0 s (window 0 s), 2 there")
+    assert c.decide(50, desired=1, current=3).action == "hold"  # cooling down
+    assert (c.decide(150, desired=1, current=3).action,
+            c.decide(150, desired=1, current=2).action) == ("down", "hold")
+    assert c.decide(400, desired=2, current=2) == ScaleDecision("hold", 2,
+                                                                "2 desired, 2 there")
+
+
+def test_a_spike_inside_the_down_window_holds_the_capacity() -> None:
+    c = ScaleController(ScalingConfig(enabled=True, max_gpus=4, up_window_s=60,
+                                      down_window_s=300, cooldown_s=0))
+    decisions = [c.decide(t, desired=d, current=4)
+                 for t, d in ((0, 1), (100, 3), (200, 1), (300, 1))]
+    assert [(d.action, d.target) for d in decisions] == [
+        ("hold", 4), ("hold", 4), ("hold", 4), ("down", 3)]
+
+
+class _RefusingContext:
+    """A SparkContext whose scheduler backend cannot add executors (local mode)."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        jsc = self
+
+        class _Sc:
+            def getExecutorIds(self):
+                return _Ids()
+
+            def requestExecutors(self, n):
+                jsc.asked.append(n)
+                return False
+
+        class _Jsc:
+            def sc(self):
+                return _Sc()
+
+        self._jsc = _Jsc()
+
+
+class _Ids(list):
+    def size(self) -> int:
+        return len(self)
+
+
+def test_a_driver_that_cannot_ask_logs_once_and_keeps_the_signal(caplog) -> None:
+    context = _RefusingContext()
+    spark = type("Spark", (), {"sparkContext": context})()
+    executors = SparkExecutors(spark)
+    controller = ScaleController(ScalingConfig(enabled=True, up_window_s=0, cooldown_s=0))
+    with caplog.at_level(logging.INFO, logger="spark_ext.pipeline.scaling"):
+        first = scaling_step(controller, executors, desired=3, clock=lambda: 0.0)
+        scaling_step(controller, executors, desired=3, clock=lambda: 1.0)
+    assert (first.action, first.target, context.asked) == ("up", 3, [2, 2])
+    refusals = [r for r in caplog.records if "cannot add or remove executors" in r.message]
+    assert len(refusals) == 1
+    assert any("not applied" in r.message for r in caplog.records)
+
+
+def test_the_scaling_section_is_checked() -> None:
+    assert PipelineConfig.from_dict({"scaling": {"enabled": True}}).scaling.max_gpus == 4
+    with pytest.raises(PipelineConfigError, match="min_gpus"):
+        PipelineConfig.from_dict({"scaling": {"min_gpus": 5, "max_gpus": 2}})
