@@ -148,8 +148,9 @@ class SparkExecutors:
             if jsc is not None and decision.action == "up":
                 ok = bool(jsc.requestExecutors(decision.target - current))
             elif jsc is not None:
-                ids = list(jsc.getExecutorIds())[: current - decision.target]
-                ok = bool(ids) and len(jsc.killExecutors(_scala_seq(self.sc, ids))) > 0
+                seq = jsc.getExecutorIds()
+                ids = [seq.apply(i) for i in range(seq.size())][: current - decision.target]
+                ok = bool(ids) and bool(jsc.killExecutors(_scala_seq(self.sc, ids)))
         except Exception as e:  # the cluster manager refused: the signal is still exported
             logger.warning("Scaling %s to %d GPU executors failed: %s", decision.action,
                            decision.target, str(e).splitlines()[0])

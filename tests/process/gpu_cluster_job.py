@@ -107,6 +107,39 @@ def _wait_for_executors(spark, n: int, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def _executors(spark) -> int:
+    """Executors registered now (the driver not counted)."""
+    return spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+
+
+def _until_executors(spark, n: int, timeout_s: float = 120.0) -> float:
+    """Seconds until exactly ``n`` executors are registered."""
+    started = time.monotonic()
+    while _executors(spark) != n:
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"{n} executors not reached after {timeout_s}s "
+                               f"({_executors(spark)} now)")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def _scale_down_and_up(spark) -> dict:
+    """The scaling controller's actuator (:class:`spark_ext.pipeline.scaling.SparkExecutors`)
+    on the standalone backend: release one executor (2 -> 1), then ask for one (1 -> 2)."""
+    from spark_ext.pipeline.scaling import ScaleDecision, SparkExecutors
+
+    executors = SparkExecutors(spark)
+    before = executors.current()
+    down = executors.apply(ScaleDecision("down", before - 1, "test"), before)
+    down_s = _until_executors(spark, before - 1)
+    after_down = executors.current()
+    up = executors.apply(ScaleDecision("up", before, "test"), after_down)
+    up_s = _until_executors(spark, before)
+    return {"before": before, "down_applied": down, "after_down": after_down,
+            "up_applied": up, "after_up": executors.current(),
+            "down_s": round(down_s, 1), "up_s": round(up_s, 1)}
+
+
 def _read_with_results_stream(spark, results: Path, work: Path) -> list[dict]:
     """Every row of the shared results folder, as the answers query reads them (the
     partitioned reader: Spark tasks on the executors read the files)."""
@@ -173,9 +206,10 @@ def main(work: Path) -> dict:
         timings["results_stream_s"] = time.monotonic() - t
         logs = {p.stem: p.read_text(errors="replace").count("sts sidecar ready")
                 for p in sorted(run.glob("sts-*.log"))}
+        scaling = _scale_down_and_up(spark)
         return {"host": socket.gethostname(), "gpu_endpoint": config.gpu_endpoint,
                 "acks": acks, "results": result_rows, "streamed": streamed, "stats": stats,
-                "sidecar_starts": logs, "timings": timings}
+                "sidecar_starts": logs, "scaling": scaling, "timings": timings}
     finally:
         spark.stop()
         stop_sidecars(run)

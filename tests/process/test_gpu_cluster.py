@@ -69,3 +69,13 @@ def test_the_results_stream_reads_every_sidecars_files_from_one_folder(report: d
     assert sorted(r["request_id"] for r in streamed) == \
         sorted(r["request_id"] for r in report["results"])
     assert not [r for r in streamed if r["sidecar_id"] != f"{report['host']}-gpu{r['task_gpu']}"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_the_scaling_actuator_releases_and_adds_an_executor(report: dict) -> None:
+    """``scaling:``'s actuator on the standalone backend: Spark's own executor requests
+    release one executor and bring one back (issue 32)."""
+    scaling = report["scaling"]
+    assert (scaling["before"], scaling["after_down"], scaling["after_up"]) == (2, 1, 2), scaling
+    assert scaling["down_applied"] and scaling["up_applied"], scaling
