@@ -16,7 +16,8 @@ decides, with hysteresis, so steady load never flaps:
 - always within ``min_gpus``-``max_gpus``.
 
 :class:`SparkExecutors` carries a decision out through Spark's own executor requests
-(``SparkContext.requestExecutors`` / ``killExecutors``: standalone, YARN, Kubernetes).
+(``SparkContext.requestTotalExecutors`` / ``killExecutors``: standalone, YARN,
+Kubernetes).
 Where the driver cannot ask (local mode, Spark Connect, a Databricks cluster whose
 autoscaling Databricks runs) the request is refused and logged once; the signal stays on
 the driver's ``/metrics`` (``sts_spark_scale``) for an outside autoscaler.
@@ -145,12 +146,16 @@ class SparkExecutors:
         ok = False
         try:
             jsc = self.sc._jsc.sc() if self.sc is not None else None
-            if jsc is not None and decision.action == "up":
-                ok = bool(jsc.requestExecutors(decision.target - current))
-            elif jsc is not None:
+            if jsc is not None and decision.action == "down":
                 seq = jsc.getExecutorIds()
                 ids = [seq.apply(i) for i in range(seq.size())][: current - decision.target]
                 ok = bool(ids) and bool(jsc.killExecutors(_scala_seq(self.sc, ids)))
+            if jsc is not None and (decision.action == "up" or ok):
+                # An absolute total: an application without dynamic allocation has no
+                # target of its own for a relative request to add to.
+                ok = bool(jsc.requestTotalExecutors(
+                    decision.target, 0, self.sc._jvm.PythonUtils.toScalaMap(
+                        self.sc._jvm.java.util.HashMap())))
         except Exception as e:  # the cluster manager refused: the signal is still exported
             logger.warning("Scaling %s to %d GPU executors failed: %s", decision.action,
                            decision.target, str(e).splitlines()[0])

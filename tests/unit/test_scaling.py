@@ -5,6 +5,7 @@ and while cooling down; never flapping on a steady or noisy load."""
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 
@@ -85,7 +86,7 @@ class _RefusingContext:
             def getExecutorIds(self):
                 return _Ids()
 
-            def requestExecutors(self, n):
+            def requestTotalExecutors(self, n, locality_aware_tasks, host_counts):
                 jsc.asked.append(n)
                 return False
 
@@ -94,6 +95,8 @@ class _RefusingContext:
                 return _Sc()
 
         self._jsc = _Jsc()
+        self._jvm = SimpleNamespace(PythonUtils=SimpleNamespace(toScalaMap=dict),
+                                    java=SimpleNamespace(util=SimpleNamespace(HashMap=dict)))
 
 
 class _Ids(list):
@@ -109,7 +112,7 @@ def test_a_driver_that_cannot_ask_logs_once_and_keeps_the_signal(caplog) -> None
     with caplog.at_level(logging.INFO, logger="spark_ext.pipeline.scaling"):
         first = scaling_step(controller, executors, desired=3, clock=lambda: 0.0)
         scaling_step(controller, executors, desired=3, clock=lambda: 1.0)
-    assert (first.action, first.target, context.asked) == ("up", 3, [2, 2])
+    assert (first.action, first.target, context.asked) == ("up", 3, [3, 3])
     refusals = [r for r in caplog.records if "cannot add or remove executors" in r.message]
     assert len(refusals) == 1
     assert any("not applied" in r.message for r in caplog.records)
