@@ -622,10 +622,11 @@ class StsPipeline:
                 out[q.name] = lag
         return out
 
-    def check_sidecars(self) -> list[dict]:
+    def check_sidecars(self, *, log_level: int = logging.INFO) -> list[dict]:
         """Ask from the executors' Python tasks whether their sidecar serves; log the
-        answer (see :attr:`~spark_ext.config.SidecarEndpointConfig.check_at_start`). With
-        the driver's ``/metrics`` on, their scale signal, summed, goes there
+        answer (see :attr:`~spark_ext.config.SidecarEndpointConfig.check_at_start`; a
+        sidecar that does not serve is a warning, the rest at ``log_level``). With the
+        driver's ``/metrics`` on, their scale signal, summed, goes there
         (``sts_spark_scale``); it is asked again every :data:`SCALE_CHECK_INTERVAL_S`."""
         started = time.monotonic()
         rows = check_sidecars(self.spark, self.config.sidecar)
@@ -634,8 +635,8 @@ class StsPipeline:
             logger.warning("Sidecar %s is not serving for task %d%s: its requests get the "
                            "fallback until it is.", r["endpoint"], r["partition"],
                            f" ({r['error']})" if r["error"] else "")
-        logger.info("Sidecar check from %d task(s): %d serving (%.1f s).", len(rows),
-                    len(rows) - len(down), time.monotonic() - started)
+        logger.log(log_level, "Sidecar check from %d task(s): %d serving (%.1f s).", len(rows),
+                   len(rows) - len(down), time.monotonic() - started)
         if self.metrics is not None:
             self.metrics.sidecars_checked(rows)
         return rows
@@ -643,15 +644,23 @@ class StsPipeline:
     def _scaler(self) -> Callable[[], object]:
         """Every check of the scale signal: the sidecars asked (``/metrics``), and with
         ``scaling.enabled`` the GPU executors asked for or released
-        (:mod:`spark_ext.pipeline.scaling`)."""
-        if not self.config.scaling.enabled:
-            return self.check_sidecars
-        controller = ScaleController(self.config.scaling)
-        executors = SparkExecutors(self.spark)
+        (:mod:`spark_ext.pipeline.scaling`). A check that fails is a warning, never the
+        pipeline's failure (an executor may go away during one)."""
+        scaling = self.config.scaling
+        controller = ScaleController(scaling) if scaling.enabled else None
+        executors = SparkExecutors(self.spark) if scaling.enabled else None
 
         def step() -> object:
-            desired = int(pipeline_scale(self.check_sidecars())["desired_gpus"])
-            return scaling_step(controller, executors, desired) if desired else None
+            try:
+                rows = self.check_sidecars(log_level=logging.DEBUG)
+                desired = int(pipeline_scale(rows)["desired_gpus"])
+                if controller is None or executors is None or not desired:
+                    return None
+                return scaling_step(controller, executors, desired)
+            except Exception as e:  # the next check tries again
+                logger.warning("The scale check failed (the next one in %.0f s): %s",
+                               SCALE_CHECK_INTERVAL_S, one_line_reason(e))
+                return None
         return step
 
     def _watch_health(self) -> None:

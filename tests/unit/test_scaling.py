@@ -122,3 +122,25 @@ def test_the_scaling_section_is_checked() -> None:
     assert PipelineConfig.from_dict({"scaling": {"enabled": True}}).scaling.max_gpus == 4
     with pytest.raises(PipelineConfigError, match="min_gpus"):
         PipelineConfig.from_dict({"scaling": {"min_gpus": 5, "max_gpus": 2}})
+
+
+def test_a_failing_scale_check_is_a_warning_not_the_pipelines_failure(caplog) -> None:
+    """The scale check runs on a ticker whose exception would stop the pipeline: a check
+    that fails (an executor going away mid-check) is logged and the next one runs."""
+    from spark_ext.pipeline.sts_pipeline import StsPipeline
+
+    pipeline = object.__new__(StsPipeline)  # only what the scale check reads
+    pipeline.config = PipelineConfig.from_dict({"scaling": {"enabled": True}})
+    pipeline.spark = None
+    calls = []
+
+    def check_sidecars(**kw):
+        calls.append(kw)
+        raise RuntimeError("Job aborted: executor 1 lost\n\tat org.apache.spark...")
+
+    pipeline.check_sidecars = check_sidecars
+    step = pipeline._scaler()
+    with caplog.at_level(logging.WARNING, logger="spark_ext.pipeline.sts_pipeline"):
+        assert step() is None and step() is None
+    assert len(calls) == 2 and calls[0] == {"log_level": logging.DEBUG}
+    assert "The scale check failed" in caplog.text and "executor 1 lost" in caplog.text
