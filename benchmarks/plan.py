@@ -239,6 +239,8 @@ def format_plan(p: CapacityPlan) -> str:
         f"(utilisation at peak {p.utilisation_at_peak:.0%}, headroom {p.headroom:.0%})",
         f"One GPU serves up to {p.max_qps_per_gpu:,.3g} QPS at "
         f"{p.target_utilisation:.0%} utilisation.",
+        "Running, each sidecar applies this formula to its last 60 s: "
+        "sts_sidecar_desired_gpus on its /metrics (docs/metrics.md, scale signal).",
     ]
     if p.gpu_cost_per_hour is not None:
         lines.append(f"Self-hosted: {p.gpus} x ${p.gpu_hour_price:,.2f}/h = "
