@@ -313,8 +313,9 @@ class Scheduler:
     def _start_run(self, pool: Pool) -> None:
         """Start the following heads of ``pool`` while it was the only pool that could
         start one (nothing in this loop makes another pool eligible: no request arrives,
-        and starts only take room), exactly as repeated :meth:`_next_request` calls
-        would, without looking at the other pools for each request."""
+        and starts only take room), exactly as repeated
+        :meth:`~sidecar.dispatch_order.DispatchOrder.next_request` calls would, without
+        looking at the other pools for each request."""
         # At most max_in_flight; lower while a higher pool's running request holds work
         # back, which no start of this pool changes.
         limit = self.load.batch_limit(pool.priority)
