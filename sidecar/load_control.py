@@ -80,6 +80,8 @@ class LoadControl:
         gone, until :meth:`clear_pending`."""
         self._pending[priority] += 1
         self._pending_total += 1
+        if not self.over_any_queue_watermark():
+            return
         marks = self.config.load_shedding.queue_depth
         for victim_priority in (Priority.LOW, Priority.NORMAL):
             mark = marks.get(str(victim_priority))

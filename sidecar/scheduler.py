@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sidecar.acks import Ack, Refusal
-from sidecar.admission import Admission, GateState
+from sidecar.admission import Admission, Decisions, GateState
 from sidecar.config import SchedulerConfig
 from sidecar.contract import FinishReason, Priority, Status, now_ms
 from sidecar.dispatch_order import DispatchOrder
@@ -180,14 +180,17 @@ class Scheduler:
         applied: refusals end their requests (one row each), accepted requests join their
         pools' queues, then the queue watermarks shed what they must."""
         self.lifecycle.check(self.engine, self.engine_failed)
-        decisions = self.admission.decide(
-            requests, GateState(self.engine_error, self.draining, self._outstanding()))
-        for req, refusal in decisions.refused:
-            self._shed(req, refusal)
-        for req, wait_s in decisions.accepted:
-            self._enqueue(req, wait_s)
-        self._shed_over_watermarks()
-        self._count_demand(decisions.accepted, decisions.refused)
+        decisions = Decisions()
+        try:
+            self.admission.decide(requests, GateState(self.engine_error, self.draining,
+                                                      self._outstanding()), decisions)
+        finally:  # what was decided (and remembered for replays) is applied, even then
+            for req, refusal in decisions.refused:
+                self._shed(req, refusal)
+            for req, wait_s in decisions.accepted:
+                self._enqueue(req, wait_s)
+            self._shed_over_watermarks()
+            self._count_demand(decisions.accepted, decisions.refused)
         return decisions.acks
 
     def _count_demand(self, accepted: list[tuple[SidecarRequest, float]],

@@ -88,11 +88,17 @@ class Admission:
         self._fallback_text = pool_fallback_text(config)
         self.seen = DedupeWindow(config.dedupe_window, self._fallback_text)
 
-    def decide(self, requests: list[SidecarRequest], state: GateState) -> Decisions:
+    def decide(self, requests: list[SidecarRequest], state: GateState,
+               out: Decisions | None = None) -> Decisions:
         """Admit or refuse each request of a batch (``state``: the scheduler's, read once
-        for the batch); one ack each, in order. Never waits."""
+        for the batch); one ack each, in order. Never waits.
+
+        ``out`` (a new one by default) receives each decision as it is made and
+        remembered, so a caller that applies it in a ``finally`` applies every decision
+        remembered even when a later step raises (a replay then repeats decisions whose
+        rows were written)."""
         now = now_ms()
-        out = Decisions()
+        out = Decisions() if out is None else out
         acks: list[Ack | None] = [None] * len(requests)
         to_encode: list[int] = []
         model_name = self.engine.model_name

@@ -82,3 +82,45 @@ def test_watermarks_within_one_batch_shed_as_one_request_at_a_time_did() -> None
 
     asyncio.run(with_scheduler(fast_engine(max_num_seqs=1),
                                SchedulerConfig(max_in_flight=1, load_shedding=marks), body))
+
+
+def test_what_was_decided_before_a_step_raised_is_applied() -> None:
+    """The tokenizer fails for the batch after a static refusal was decided and
+    remembered: that refusal still gets its one row (a replay of the RPC says refused, so
+    a row must exist), and the sidecar takes the next batch."""
+    results: list[ResultRecord] = []
+
+    class FailingTokenizer(type(fast_engine())):
+        fail = True
+
+        def encode_prompt(self, prompts):
+            if self.fail:
+                raise RuntimeError("tokenizer crashed")
+            return super().encode_prompt(prompts)
+
+    async def body() -> None:
+        engine = FailingTokenizer(fast_engine().config)
+        await engine.start()
+        s = Scheduler(engine, results.append, SchedulerConfig(), "t")
+        s.start()
+        try:
+            batch = [make_sidecar_request("bad", max_tokens=0), make_sidecar_request("ok1")]
+            try:
+                s.submit_batch(batch)
+            except RuntimeError:
+                pass
+            else:
+                raise AssertionError("the tokenizer's error must reach the caller")
+            assert [(r.request_id, r.status) for r in results] == [("bad", "rejected")]
+            replay = s.submit_batch([make_sidecar_request("bad", max_tokens=0)])
+            assert replay[0].duplicate and not replay[0].accepted
+            engine.fail = False
+            [ack] = s.submit_batch([make_sidecar_request("ok1")])
+            assert ack.accepted
+            await until(lambda: len(results) == 2)
+        finally:
+            await s.abort_all()
+            await engine.shutdown()
+
+    asyncio.run(body())
+    assert [(r.request_id, r.status) for r in results] == [("bad", "rejected"), ("ok1", "ok")]
