@@ -11,7 +11,8 @@ A sidecar child process with the shipped ``conf/sidecar.yaml`` (engine chosen by
    longer when needed to offer at least ``--min-high`` ``high`` requests),
    ``high`` at ``--high-share`` of capacity with short outputs (at most
    ``--high-max-tokens``) and ``--high-sla-ms`` deadlines; the rest ``normal`` (SLA
-   10 s) and ``low`` (SLA 30 s), 40/60, with long-tailed outputs.
+   ``--normal-sla-ms``, 10 s) and ``low`` (SLA 30 s), ``--normal-share`` of it
+   ``normal`` (0.4), with long-tailed outputs.
 
 3. With ``--high-only``: the overload's ``high`` arrivals alone, to a fresh sidecar
    (what the engine gives ``high`` with nothing else in its way); the overload's
@@ -67,13 +68,15 @@ def _long_tail(rng: np.random.Generator, median: float, cap: int) -> int:
 
 def make_requests(*, capacity: float, factor: float, duration_s: float, high_share: float,
                   high_max_tokens: int, high_sla_ms: int, median_tokens: int, cap: int,
-                  seed: int) -> list[GeneratedRequest]:
+                  seed: int, normal_share: float = 0.4,
+                  normal_sla_ms: int = SLA_MS["normal"]) -> list[GeneratedRequest]:
     """The overload's arrivals (Poisson per priority), in arrival order."""
     rng = np.random.default_rng(seed)
     total = factor * capacity
     rates = {"high": high_share * capacity}
     rest = max(total - rates["high"], 0.0)
-    rates["normal"], rates["low"] = 0.4 * rest, 0.6 * rest
+    rates["normal"], rates["low"] = normal_share * rest, (1.0 - normal_share) * rest
+    sla_ms = {**SLA_MS, "normal": normal_sla_ms}
     draws = []
     for prio, rate in rates.items():
         t = rng.exponential(1.0 / rate) if rate > 0 else duration_s
@@ -82,7 +85,7 @@ def make_requests(*, capacity: float, factor: float, duration_s: float, high_sha
                 tokens = int(min(high_max_tokens, max(8, round(rng.lognormal(np.log(48), 0.5)))))
                 sla = high_sla_ms
             else:
-                tokens, sla = _long_tail(rng, median_tokens, cap), SLA_MS[prio]
+                tokens, sla = _long_tail(rng, median_tokens, cap), sla_ms[prio]
             draws.append((t, prio, tokens, sla))
             t += rng.exponential(1.0 / rate)
     draws.sort()
@@ -132,7 +135,8 @@ def wait_estimate_errors(log_path: Path) -> dict[str, dict]:
 def run(engine: str, *, factor: float, duration_s: float, high_share: float,
         high_max_tokens: int, high_sla_ms: int, median_tokens: int, cap: int,
         capacity_requests: int, capacity: float | None, seed: int, config: Path,
-        min_high: int, extra: list[str], out: Path | None, high_only: bool = False) -> dict:
+        min_high: int, extra: list[str], out: Path | None, high_only: bool = False,
+        normal_share: float = 0.4, normal_sla_ms: int = SLA_MS["normal"]) -> dict:
     """Both phases against one fresh sidecar (a second for the overload, so the capacity
     backlog leaves nothing behind). Returns the JSON result."""
     result: dict = {"benchmark": "overload", "engine": engine,
@@ -141,7 +145,8 @@ def run(engine: str, *, factor: float, duration_s: float, high_share: float,
                     "settings": {"factor": factor, "duration_s": duration_s,
                                  "high_share_of_capacity": high_share,
                                  "high_max_tokens": high_max_tokens, "sla_ms": {
-                                     **SLA_MS, "high": high_sla_ms},
+                                     **SLA_MS, "high": high_sla_ms, "normal": normal_sla_ms},
+                                 "normal_share_of_rest": normal_share,
                                  "median_tokens": median_tokens, "cap": cap, "seed": seed,
                                  "config": str(config), "extra_args": extra}}
     with tempfile.TemporaryDirectory(prefix="sts-overload-") as tmp:
@@ -174,7 +179,7 @@ def run(engine: str, *, factor: float, duration_s: float, high_share: float,
         reqs = make_requests(capacity=capacity, factor=factor, duration_s=duration_s,
                              high_share=high_share, high_max_tokens=high_max_tokens,
                              high_sla_ms=high_sla_ms, median_tokens=median_tokens, cap=cap,
-                             seed=seed)
+                             seed=seed, normal_share=normal_share, normal_sla_ms=normal_sla_ms)
         with sidecar("overload") as s:
             assert s.client is not None
             load = send_on_schedule(s.client, reqs, id_prefix="ovl", duration_s=duration_s)
@@ -256,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="run long enough to offer this many high requests (default 100)")
     parser.add_argument("--high-max-tokens", type=int, default=96)
     parser.add_argument("--high-sla-ms", type=int, default=3000)
+    parser.add_argument("--normal-share", type=float, default=0.4,
+                        help="normal's share of the arrivals that are not high (default 0.4; "
+                             "the rest low)")
+    parser.add_argument("--normal-sla-ms", type=int, default=SLA_MS["normal"])
     parser.add_argument("--median-tokens", type=int, default=None,
                         help="median max_tokens of normal/low (default 128; 48 for vllm)")
     parser.add_argument("--cap", type=int, default=None,
@@ -295,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                      capacity_requests=args.capacity_requests or (60 if vllm else 150),
                      capacity=args.capacity, seed=args.seed, config=args.config,
                      min_high=args.min_high, extra=extra, out=out,
-                     high_only=args.high_only)
+                     high_only=args.high_only, normal_share=args.normal_share,
+                     normal_sla_ms=args.normal_sla_ms)
     except (RuntimeError, TimeoutError, ValueError) as e:
         print(f"overload: {e}", file=sys.stderr)
         return 1
