@@ -62,6 +62,9 @@ _EXPORTS = {
     "one_line": "sidecar.exceptions",
     # From sidecar.model_prep
     "prepare_default_model": "sidecar.model_prep",
+    # From sidecar.owner_watch
+    "claim_owner": "sidecar.owner_watch",
+    "pid_running": "sidecar.owner_watch",
     # From sidecar.otel
     "Tracing": "sidecar.otel",
     "otel_environment": "sidecar.otel",
@@ -98,12 +101,14 @@ __all__ = [
     "Tracing",
     "as_dataclass",
     "build_sections",
+    "claim_owner",
     "conf_dir",
     "lazy_exports",
     "one_line",
     "otel_environment",
     "percentile",
     "percentiles",
+    "pid_running",
     "prepare_default_model",
     "read_pem",
     "read_token",
@@ -136,6 +141,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from sidecar.engines.simulated import SLOW_CPU, simulated_set_args
     from sidecar.exceptions import ConfigError, SidecarConfigError, SidecarError, one_line
     from sidecar.model_prep import prepare_default_model
+    from sidecar.owner_watch import claim_owner, pid_running
     from sidecar.otel import Tracing, otel_environment, start_tracing, tracing_requested
     from sidecar.quantiles import percentile, percentiles
     from sidecar.shipped import conf_dir

@@ -445,6 +445,28 @@ class ResultChannelConfig:
 
 
 @dataclass
+class OwnerConfig:
+    """The process a sidecar serves (``server.owner``): a lazily started sidecar goes
+    away with its executor, once that is gone for good (scale-in), after draining."""
+
+    file: str | None = None
+    """File holding the pid of the process this sidecar serves (``launch: lazy`` writes
+    its executor's there; a replacement executor on the same GPU writes its own).
+    ``None``: the sidecar serves until it is stopped."""
+
+    exit_after_s: float = 60.0
+    """How long the owner may be gone (the file names no running process) before the
+    sidecar drains as on SIGTERM (new requests refused ``draining``, queued and running
+    ones finished by their deadlines, results delivered) and exits 0, which frees its
+    GPU: long enough for a replacement executor to take the sidecar over."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.exit_after_s, (int, float)) or self.exit_after_s < 0:
+            raise SidecarConfigError(f"server.owner.exit_after_s={self.exit_after_s!r} must "
+                                     "be >= 0 seconds")
+
+
+@dataclass
 class ServerConfig:
     """The gRPC endpoint."""
 
@@ -517,6 +539,9 @@ class ServerConfig:
     """After the engine died, how long the sidecar keeps answering (health
     ``NOT_SERVING``, requests refused ``engine_unavailable``) before it exits non-zero."""
 
+    owner: OwnerConfig = field(default_factory=OwnerConfig)
+    """The process this sidecar serves; it drains and exits once that is gone."""
+
     def __post_init__(self) -> None:
         if self.sidecar_id is not None and (not self.sidecar_id or "/" in self.sidecar_id):
             raise SidecarConfigError(f"{self.sidecar_id=} must be non-empty and contain no '/'")
@@ -558,6 +583,7 @@ class ServerConfig:
                 raise SidecarConfigError(f"server.{name}={value!r} must be a positive integer")
         if self.engine_death_grace_s < 0:
             raise SidecarConfigError(f"{self.engine_death_grace_s=} must be >= 0")
+        self.owner = as_dataclass(OwnerConfig, self.owner, "server.owner")
 
 
 def _default_warmup_prompts() -> list[str]:

@@ -3,8 +3,9 @@
 :func:`serve` builds everything from a :class:`SidecarConfig` inside one
 :class:`contextlib.AsyncExitStack`, so a start that fails half-way (an engine
 that does not load, an address that cannot be bound) undoes what it started,
-and every exit runs the same steps in reverse. It serves until SIGTERM/SIGINT,
-then drains: health turns ``NOT_SERVING``, new requests are refused
+and every exit runs the same steps in reverse. It serves until SIGTERM/SIGINT (or,
+with ``server.owner``, until the process it serves has been gone a while:
+:mod:`sidecar.owner_watch`), then drains: health turns ``NOT_SERVING``, new requests are refused
 (``shed``/``draining``), queued and running requests finish or hit their
 deadlines (at most ``drain_timeout_s``), the result channel delivers what it holds
 (a bounded wait of ``drain_timeout_s`` more for Kafka), and it returns.
@@ -39,6 +40,7 @@ from sidecar.exceptions import ConfigError, EngineDeadError
 from sidecar.event_loop import running_loop_name
 from sidecar.interceptors import ExceptionInterceptor
 from sidecar.metrics import SidecarMetrics
+from sidecar.owner_watch import watch_owner
 from sidecar.pb.sts.v1 import inference_pb2, inference_pb2_grpc
 from sidecar.request_state import ResultRecord
 from sidecar.result_channels import ResultChannel, build_result_channel
@@ -191,6 +193,11 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
             tune_gc()
         await _report_serving(health_servicer, scheduler, config, access, sidecar_id,
                               warmup_s=warmup_s, destination=channel.destination)
+        if config.server.owner.file is not None:
+            watcher = asyncio.create_task(watch_owner(
+                config.server.owner.file, config.server.owner.exit_after_s, stop,
+                interval_s=config.scheduler.engine_check_interval_s))
+            stack.callback(watcher.cancel)
         await _first_of(stop, scheduler.engine_dead)
         if scheduler.engine_error is not None:
             await _exit_after_engine_death(health_servicer, scheduler, config.server, stop,

@@ -239,6 +239,10 @@ class TemplateConfig:
     """Per-event part with ``{column}`` fields."""
 
 
+#: ``sidecar.orphan_exit_s`` when ``scaling.enabled`` leaves it unset.
+ORPHAN_EXIT_WITH_SCALING_S = 60.0
+
+
 @dataclass
 class SidecarEndpointConfig:
     """L3: where and how requests are submitted."""
@@ -306,7 +310,8 @@ class SidecarEndpointConfig:
     ``conf/cluster/``, or by you). ``lazy``: a task whose sidecar does not serve starts
     it (``sts sidecar --listen <its endpoint>``, ``CUDA_VISIBLE_DEVICES`` = its GPU)
     under a file lock per GPU in ``run_dir``, so one starts per GPU; later tasks reuse
-    it. A lazily started sidecar outlives the executor (the next one reuses it)."""
+    it. A lazily started sidecar outlives the executor (the next one reuses it), or
+    with ``orphan_exit_s`` drains and exits once its executor is gone for good."""
 
     launch_args: list[str] = field(default_factory=list)
     """Extra ``sts sidecar`` arguments of lazily started sidecars, e.g.
@@ -323,6 +328,13 @@ class SidecarEndpointConfig:
     """How long a task waits for a sidecar it started (or found starting) to serve;
     past it, its requests are refused as ``unavailable`` and get the fallback."""
 
+    orphan_exit_s: float | None = None
+    """With ``launch: lazy``: a sidecar whose executor has been gone this long (released
+    by a scale-in, and no replacement executor on its GPU took it over) drains (queued
+    and running requests finish by their deadlines, their results delivered) and exits,
+    freeing the GPU. ``None``: it outlives its executor until stopped; ``scaling.enabled``
+    makes it 60 s."""
+
     def __post_init__(self) -> None:
         self.security()  # the credential fields go together (checked, not read, here)
         CHANNEL_SIDES.check(self.result_channel)
@@ -336,6 +348,8 @@ class SidecarEndpointConfig:
         if not isinstance(self.launch_args, list) or \
                 not all(isinstance(a, str) for a in self.launch_args):
             raise PipelineConfigError(f"{self.launch_args=} must be a list of strings")
+        if self.orphan_exit_s is not None and self.orphan_exit_s < 0:
+            raise PipelineConfigError(f"{self.orphan_exit_s=} must be >= 0 seconds or null")
         if self.launch == "lazy" and not self.run_dir:
             raise PipelineConfigError(f"{self.run_dir=} must name a folder with launch: lazy")
 
@@ -811,6 +825,10 @@ class PipelineConfig:
                 *self.result_topics(), self.sidecar.acks_topic}:
             raise PipelineConfigError(f"answers.topic {self.answers.topic!r} is also an events "
                                       "or results topic: give answers their own topic")
+        if self.scaling.enabled and self.sidecar.launch == "lazy" \
+                and self.sidecar.orphan_exit_s is None:
+            # A released executor's sidecar must not hold its GPU for ever.
+            self.sidecar.orphan_exit_s = ORPHAN_EXIT_WITH_SCALING_S
         if self.source.format != "rate" and not self.features.enabled:
             carried = set(ddl_field_names(self.source.schema)) | set(self.layer_columns())
             named = {"template.dynamic": template_fields(self.template.dynamic),

@@ -16,8 +16,11 @@ decides, with hysteresis, so steady load never flaps:
 - always within ``min_gpus``-``max_gpus``.
 
 :class:`SparkExecutors` carries a decision out through Spark's own executor requests
-(``SparkContext.requestTotalExecutors`` / ``killExecutors``: standalone, YARN,
-Kubernetes).
+(``SparkContext.requestTotalExecutors``; an executor is released by Spark's graceful
+decommissioning where ``spark.decommission.enabled``, else ``killExecutors``: standalone,
+YARN, Kubernetes). A released executor's lazily started sidecar finishes what it holds by
+the requests' deadlines and exits (``sidecar.orphan_exit_s``), so a scale-in loses no
+answer and frees the GPU.
 Where the driver cannot ask (local mode, Spark Connect, a Databricks cluster whose
 autoscaling Databricks runs) the request is refused and logged once; the signal stays on
 the driver's ``/metrics`` (``sts_spark_scale``) for an outside autoscaler.
@@ -149,7 +152,7 @@ class SparkExecutors:
             if jsc is not None and decision.action == "down":
                 seq = jsc.getExecutorIds()
                 ids = [seq.apply(i) for i in range(seq.size())][: current - decision.target]
-                ok = bool(ids) and bool(jsc.killExecutors(_scala_seq(self.sc, ids)))
+                ok = bool(ids) and self._release(jsc, ids)
             if jsc is not None and (decision.action == "up" or ok):
                 # An absolute total: an application without dynamic allocation has no
                 # target of its own for a relative request to add to.
@@ -167,6 +170,23 @@ class SparkExecutors:
                            "acts on nothing; the signal is on the driver's /metrics "
                            "(sts_spark_scale) for an outside autoscaler.")
         return ok
+
+
+    def _release(self, jsc: Any, ids: list[str]) -> bool:
+        """Release executors ``ids``: decommissioned where ``spark.decommission.enabled``
+        (Spark's graceful removal: no new tasks go there, running ones finish, then the
+        executor exits), else killed. Their lazily started sidecars drain and exit once
+        the executor is gone (``sidecar.orphan_exit_s``)."""
+        assert self.sc is not None
+        if self.sc.getConf().get("spark.decommission.enabled", "false").lower() == "true":
+            jvm = self.sc._jvm
+            info = jvm.org.apache.spark.scheduler.ExecutorDecommissionInfo(
+                "sts scale-in", jvm.scala.Option.apply(None))
+            backend = jsc.schedulerBackend()
+            released = [i for i in ids if backend.decommissionExecutor(i, info, True, False)]
+            logger.info("Decommissioned executor(s) %s.", ", ".join(released) or "none")
+            return bool(released)
+        return bool(jsc.killExecutors(_scala_seq(self.sc, ids)))
 
 
 def _scala_seq(sc: Any, items: list[str]) -> Any:

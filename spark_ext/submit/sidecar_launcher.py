@@ -15,7 +15,12 @@ Spark assigns GPUs to tasks (``spark.task.resource.gpu.amount``); a task's sidec
   Python worker and the executor, so the next executor on the GPU reuses it), with
   ``CUDA_VISIBLE_DEVICES=N`` and its output in ``sts-gpu{N}.log``; it waits until the
   sidecar serves (``start_timeout_s``) and releases the lock. Later tasks find it
-  serving and only connect.
+  serving and only connect. With ``orphan_exit_s`` the sidecar follows its executor:
+  each Python worker names its executor's JVM in ``sts-gpu{N}.owner`` (unless another
+  running one is named), and once no running executor has been named there for
+  ``orphan_exit_s`` the sidecar drains and exits (:mod:`sidecar.owner_watch`), which
+  frees the GPU after a scale-in; a task that finds it draining waits for it to exit
+  and starts a new one.
 
 Every sidecar writes its result files into the same ``results_dir``: their names
 carry the sidecar id (``part-{incarnation}-{seq}-{sidecar_id}.parquet``), so writers
@@ -36,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+from sidecar import claim_owner
 from spark_ext.config import SidecarEndpointConfig
 from spark_ext.exceptions import SidecarLaunchError
 
@@ -46,6 +52,8 @@ _MAX_SOCKET_PATH = 107
 #: Sidecars this Python process started, by pid (their exit is seen and reaped through
 #: these; ``/proc`` may still show the pre-exec command line just after the start).
 _STARTED: dict[int, subprocess.Popen[bytes]] = {}
+#: Owner files this Python process has written its executor into (once each).
+_CLAIMED: set[str] = set()
 
 
 def task_gpu() -> str | None:
@@ -136,11 +144,13 @@ def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str
     if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
         raise SidecarLaunchError(f"socket path {sock} is longer than {_MAX_SOCKET_PATH} "
                                  "bytes (the unix socket limit); use a shorter folder")
+    run_dir = Path(config.run_dir)
+    name = sidecar_name(gpu)
+    if config.orphan_exit_s is not None:
+        _claim(run_dir / f"{name}.owner")
     if _serving(config, endpoint):
         return True
-    run_dir = Path(config.run_dir)
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    name = sidecar_name(gpu)
     deadline = time.monotonic() + config.start_timeout_s
     with open(run_dir / f"{name}.lock", "a+b") as lock:
         while True:
@@ -155,6 +165,8 @@ def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str
             if _serving(config, endpoint):
                 return True
             pid = _live_pid(run_dir / f"{name}.pid")
+            if pid is not None and _draining_until_exit(config, endpoint, pid, deadline):
+                pid = None  # a sidecar whose executor went away drained and exited
             if pid is None:
                 pid = _start(config, gpu, endpoint, run_dir / name)
             return _wait_serving(config, endpoint, pid, run_dir / f"{name}.log", deadline)
@@ -172,6 +184,9 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
     cmd = [sys.executable, "-m", "sidecar.cli", "sidecar", "--listen", endpoint,
            "--results-dir", str(Path(config.results_dir).absolute()),
            "--sidecar-id", sidecar_id, *config.launch_args]
+    if config.orphan_exit_s is not None:
+        cmd += ["--set", f"server.owner.file={stem.with_suffix('.owner').absolute()}",
+                "--set", f"server.owner.exit_after_s={config.orphan_exit_s:g}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -186,6 +201,56 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
     logger.warning("Started sidecar %s for GPU %s on %s (pid %d, log %s).", sidecar_id, gpu,
                    endpoint, proc.pid, stem.with_suffix(".log"))
     return proc.pid
+
+
+def _claim(owner_file: Path) -> None:
+    """Name this task's executor the owner of the GPU's sidecar (once per Python worker),
+    unless another running executor is named: the sidecar drains and exits once its
+    owner is gone for ``orphan_exit_s`` (:mod:`sidecar.owner_watch`)."""
+    key = str(owner_file)
+    if key in _CLAIMED:
+        return
+    executor = executor_pid()
+    if executor is None:  # not under a JVM (a plain Python process): nothing to follow
+        _CLAIMED.add(key)
+        return
+    owner_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if claim_owner(owner_file, executor):
+        _CLAIMED.add(key)
+
+
+def executor_pid() -> int | None:
+    """The pid of the JVM this Python process runs under (the executor, or the driver in
+    local mode): the nearest ancestor named ``java``; ``None`` when there is none.
+
+    Example:
+        >>> executor_pid() is None or executor_pid() > 1
+        True
+    """
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name == "java":
+            return pid
+        pid = int(rest.split()[1])
+    return None
+
+
+def _draining_until_exit(config: SidecarEndpointConfig, endpoint: str, pid: int,
+                         deadline: float) -> bool:
+    """A live sidecar that does not serve: wait until it serves (``False``) or exits
+    (``True``: it was draining, its executor gone; a new one must start)."""
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        if _serving(config, endpoint):
+            return False
+        time.sleep(0.2)
+    return False
 
 
 def _wait_serving(config: SidecarEndpointConfig, endpoint: str, pid: int, log: Path,

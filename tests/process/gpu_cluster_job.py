@@ -33,6 +33,13 @@ REPO = Path(__file__).resolve().parents[2]
 DISCOVERY = Path(__file__).with_name("fake_gpu_discovery.sh")
 #: Requests per round, and tasks (partitions) per round.
 ROWS, TASKS = 48, 8
+#: ``max_tokens`` of the round acknowledged just before an executor is released: about
+#: 5 s each on the simulated engine, so its sidecar still holds work when it goes.
+DRAIN_MAX_TOKENS = 400
+#: How long a released executor's sidecar waits for a replacement before it drains.
+ORPHAN_EXIT_S = 2.0
+REQUEST_DDL = ("request_id string, trace_id string, priority string, enqueue_ts long, "
+               "deadline_ts long, prompt string, max_tokens int, task_gpu string, round int")
 
 REQUEST_SCHEMA = pa.schema([
     ("request_id", pa.string()), ("trace_id", pa.string()), ("priority", pa.string()),
@@ -41,7 +48,8 @@ REQUEST_SCHEMA = pa.schema([
 ])
 
 
-def _requests(batches: Iterator[pa.RecordBatch], round_no: int) -> Iterator[pa.RecordBatch]:
+def _requests(batches: Iterator[pa.RecordBatch], round_no: int,
+              max_tokens: int = 8) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: request rows from ids, tagged with this task's GPU."""
     from sidecar.contract import now_ms
     from spark_ext.submit.sidecar_launcher import task_gpu
@@ -56,7 +64,7 @@ def _requests(batches: Iterator[pa.RecordBatch], round_no: int) -> Iterator[pa.R
             "priority": [("high", "normal", "low")[i % 3] for i in ids],
             "enqueue_ts": [now] * len(ids), "deadline_ts": [now + 60_000] * len(ids),
             "prompt": [f"Ticket {i}: my order is late." for i in ids],
-            "max_tokens": [8] * len(ids), "task_gpu": [gpu] * len(ids),
+            "max_tokens": [max_tokens] * len(ids), "task_gpu": [gpu] * len(ids),
             "round": [round_no] * len(ids)}, schema=REQUEST_SCHEMA)
 
 
@@ -89,6 +97,7 @@ def _session(work: Path):
              .config("spark.executor.resource.gpu.discoveryScript", str(DISCOVERY))
              .config("spark.task.resource.gpu.amount", "1")
              .config("spark.locality.wait", "0")
+             .config("spark.decommission.enabled", "true")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
@@ -123,21 +132,54 @@ def _until_executors(spark, n: int, timeout_s: float = 120.0) -> float:
     return time.monotonic() - started
 
 
-def _scale_down_and_up(spark) -> dict:
-    """The scaling controller's actuator (:class:`spark_ext.pipeline.scaling.SparkExecutors`)
-    on the standalone backend: release one executor (2 -> 1), then ask for one (1 -> 2)."""
-    from spark_ext.pipeline.scaling import ScaleDecision, SparkExecutors
+def _sidecar_pids(run: Path) -> dict[str, int]:
+    """GPU -> pid of its lazily started sidecar (from the launcher's pid files)."""
+    return {p.stem.removeprefix("sts-gpu"): int(p.read_text()) for p in run.glob("sts-gpu*.pid")}
 
+
+def _running(pid: int) -> bool:
+    from sidecar import pid_running
+
+    return pid_running(pid)
+
+
+def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
+    """The scaling controller's actuator (:class:`spark_ext.pipeline.scaling.SparkExecutors`)
+    on the standalone backend: release one executor (2 -> 1) while both sidecars hold
+    work (a round of longer requests just acknowledged), then ask for one (1 -> 2). The
+    released executor's sidecar must finish that work and then exit (``orphan_exit_s``)."""
+    from spark_ext.pipeline.scaling import ScaleDecision, SparkExecutors
+    from spark_ext.submit.submission import submit_requests
+    from sts_harness.result_check import wait_for_results
+
+    pids = _sidecar_pids(run)
+    requests = (spark.range(ROWS, numPartitions=TASKS)
+                .mapInArrow(lambda it: _requests(it, 3, max_tokens=DRAIN_MAX_TOKENS),
+                            REQUEST_DDL))
+    acks = submit_requests(requests, config, attribute_columns=["task_gpu"]) \
+        .select("request_id", "accepted").toArrow().to_pylist()
     executors = SparkExecutors(spark)
     before = executors.current()
+    released_at = time.monotonic()
     down = executors.apply(ScaleDecision("down", before - 1, "test"), before)
     down_s = _until_executors(spark, before - 1)
     after_down = executors.current()
+    exited: dict[str, float] = {}
+    while not exited and time.monotonic() - released_at < 120:
+        exited = {gpu: round(time.monotonic() - released_at, 1)
+                  for gpu, pid in pids.items() if not _running(pid)}
+        time.sleep(0.2)
+    by_id = wait_for_results(results, {a["request_id"] for a in acks}, timeout_s=120.0)
     up = executors.apply(ScaleDecision("up", before, "test"), after_down)
     up_s = _until_executors(spark, before)
     return {"before": before, "down_applied": down, "after_down": after_down,
             "up_applied": up, "after_up": executors.current(),
-            "down_s": round(down_s, 1), "up_s": round(up_s, 1)}
+            "down_s": round(down_s, 1), "up_s": round(up_s, 1),
+            "decommission": spark.conf.get("spark.decommission.enabled"),
+            "drain_acks": acks, "drain_statuses": sorted(r["status"] for r in by_id.values()),
+            "drain_sidecars": sorted({r["sidecar_id"] for r in by_id.values()}),
+            "sidecar_exited_s": exited,
+            "still_running": sorted(gpu for gpu, pid in pids.items() if _running(pid))}
 
 
 def _read_with_results_stream(spark, results: Path, work: Path) -> list[dict]:
@@ -173,7 +215,7 @@ def main(work: Path) -> dict:
         endpoint="unix:///nonexistent/sts-no-gpu.sock",  # a task without a GPU fails visibly
         gpu_endpoint=f"unix://{run}/sts-gpu{{gpu}}.sock", launch="lazy",
         launch_args=["--engine", "simulated"], run_dir="run", results_dir="results",
-        start_timeout_s=60.0)
+        start_timeout_s=60.0, orphan_exit_s=ORPHAN_EXIT_S)
     spark = _session(work)
     try:
         _wait_for_executors(spark, 2)
@@ -182,10 +224,7 @@ def main(work: Path) -> dict:
         for round_no in (1, 2):  # round 2 finds the sidecars serving and reuses them
             t = time.monotonic()
             requests = (spark.range(ROWS, numPartitions=TASKS)
-                        .mapInArrow(lambda it, r=round_no: _requests(it, r),
-                                    "request_id string, trace_id string, priority string, "
-                                    "enqueue_ts long, deadline_ts long, prompt string, "
-                                    "max_tokens int, task_gpu string, round int"))
+                        .mapInArrow(lambda it, r=round_no: _requests(it, r), REQUEST_DDL))
             out = submit_requests(requests, config, attribute_columns=["task_gpu"])
             acks += out.select("request_id", "task_gpu", "round", "accepted", "reason",
                                "endpoint", "sidecar_id").toArrow().to_pylist()
@@ -206,7 +245,7 @@ def main(work: Path) -> dict:
         timings["results_stream_s"] = time.monotonic() - t
         logs = {p.stem: p.read_text(errors="replace").count("sts sidecar ready")
                 for p in sorted(run.glob("sts-*.log"))}
-        scaling = _scale_down_and_up(spark)
+        scaling = _scale_down_and_up(spark, config, run, results)
         return {"host": socket.gethostname(), "gpu_endpoint": config.gpu_endpoint,
                 "acks": acks, "results": result_rows, "streamed": streamed, "stats": stats,
                 "sidecar_starts": logs, "scaling": scaling, "timings": timings}

@@ -79,3 +79,21 @@ def test_the_scaling_actuator_releases_and_adds_an_executor(report: dict) -> Non
     scaling = report["scaling"]
     assert (scaling["before"], scaling["after_down"], scaling["after_up"]) == (2, 1, 2), scaling
     assert scaling["down_applied"] and scaling["up_applied"], scaling
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_a_released_executors_sidecar_finishes_what_it_holds_then_exits(report: dict) -> None:
+    """Scale-in loses no answer and frees the GPU (issue 32, item 4): an executor is
+    decommissioned while both sidecars hold a round of ~5 s requests; its sidecar (its
+    executor gone ``orphan_exit_s``) drains them and exits, the other keeps serving, and
+    every request of the round is answered ``ok`` once."""
+    scaling = report["scaling"]
+    assert scaling["decommission"] == "true" and scaling["down_applied"], scaling
+    acks = scaling["drain_acks"]
+    assert acks and all(a["accepted"] for a in acks)
+    assert scaling["drain_statuses"] == ["ok"] * len(acks), scaling["drain_statuses"]
+    # Both sidecars held work when the executor went.
+    assert scaling["drain_sidecars"] == sorted(f"{report['host']}-gpu{g}" for g in ("0", "1"))
+    assert len(scaling["sidecar_exited_s"]) == 1, scaling
+    assert len(scaling["still_running"]) == 1, scaling

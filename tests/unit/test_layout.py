@@ -33,7 +33,7 @@ SIDECAR_LAYERS = (
      "sidecar.credentials", "sidecar.event_loop", "sidecar.lazy_exports", "sidecar.quantiles",
      "sidecar.timers", "sidecar.otel", "sidecar.gpu_metrics", "sidecar.shipped",
      "sidecar.stats_report", "sidecar.kinds", "sidecar.interceptors", "sidecar.pb",
-     "sidecar.client"),
+     "sidecar.client", "sidecar.owner_watch"),
     ("sidecar.config", "sidecar.security"),
     ("sidecar.request_state", "sidecar.engines", "sidecar.model_prep", "sidecar.warmup",
      "sidecar.result_channels", "sidecar.acks", "sidecar.estimator", "sidecar.pools",
