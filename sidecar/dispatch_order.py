@@ -2,11 +2,7 @@
 
 A slot that a preemption freed goes to the pool that preempted for it; otherwise the
 pools whose head can start (its pool's limits and the batch limit allow it) take turns
-by :class:`~sidecar.pools.WeightedPicker`, FIFO within a pool, except that a pool whose
-queued work needs every slot it can take (:meth:`~sidecar.load_control.LoadControl.pressed`:
-it is losing requests to waiting and its head still finishes in time) holds every
-lower pool back: the weights share the engine while the higher pools can afford it,
-never at the cost of their answers.
+by :class:`~sidecar.pools.WeightedPicker`, FIFO within a pool.
 """
 
 from __future__ import annotations
@@ -51,10 +47,6 @@ class DispatchOrder:
                 heads.append(head)
         if not candidates:
             return None
-        for i, p in enumerate(candidates[:-1]):  # in priority order, highest first
-            if self.load.pressed(p):
-                del candidates[i + 1:], heads[i + 1:]
-                break
         for i, p in enumerate(candidates):
             if self.owed[p] > 0:  # a slot freed by preemption goes to the pool that preempted
                 self.owed[p] -= 1

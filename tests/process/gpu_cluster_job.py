@@ -147,7 +147,10 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
     """The scaling controller's actuator (:class:`spark_ext.pipeline.scaling.SparkExecutors`)
     on the standalone backend: release one executor (2 -> 1) while both sidecars hold
     work (a round of longer requests just acknowledged), then ask for one (1 -> 2). The
-    released executor's sidecar must finish that work and then exit (``orphan_exit_s``)."""
+    released executor's sidecar must finish that work and then exit (``orphan_exit_s``);
+    the new executor's first tasks start its GPU's sidecar again, and the time from the
+    decision to its first answer is reported."""
+    from sidecar.contract import now_ms
     from spark_ext.pipeline.scaling import ScaleDecision, SparkExecutors
     from spark_ext.submit.submission import submit_requests
     from sts_harness.result_check import wait_for_results
@@ -170,11 +173,22 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
                   for gpu, pid in pids.items() if not _running(pid)}
         time.sleep(0.2)
     by_id = wait_for_results(results, {a["request_id"] for a in acks}, timeout_s=120.0)
+    decided_ms = now_ms()
     up = executors.apply(ScaleDecision("up", before, "test"), after_down)
     up_s = _until_executors(spark, before)
+    # The new executor's first tasks start its GPU's sidecar (lazily) and are answered.
+    requests = (spark.range(ROWS, numPartitions=TASKS)
+                .mapInArrow(lambda it: _requests(it, 4), REQUEST_DDL))
+    out = submit_requests(requests, config, attribute_columns=["task_gpu"]) \
+        .select("request_id", "sidecar_id").toArrow().to_pylist()
+    answered = wait_for_results(results, {a["request_id"] for a in out}, timeout_s=120.0)
+    restarted = {f"{socket.gethostname()}-gpu{gpu}" for gpu in exited}
+    firsts = [r["finish_ts"] for r in answered.values() if r["sidecar_id"] in restarted]
     return {"before": before, "down_applied": down, "after_down": after_down,
             "up_applied": up, "after_up": executors.current(),
             "down_s": round(down_s, 1), "up_s": round(up_s, 1),
+            "decision_to_first_answer_s": round((min(firsts) - decided_ms) / 1000, 1)
+            if firsts else None,
             "decommission": spark.conf.get("spark.decommission.enabled"),
             "drain_acks": acks, "drain_statuses": sorted(r["status"] for r in by_id.values()),
             "drain_sidecars": sorted({r["sidecar_id"] for r in by_id.values()}),

@@ -79,6 +79,9 @@ def test_the_scaling_actuator_releases_and_adds_an_executor(report: dict) -> Non
     scaling = report["scaling"]
     assert (scaling["before"], scaling["after_down"], scaling["after_up"]) == (2, 1, 2), scaling
     assert scaling["down_applied"] and scaling["up_applied"], scaling
+    # The added executor serves: its GPU's sidecar, started again by its first task,
+    # answered (the time from the decision is in the report).
+    assert scaling["decision_to_first_answer_s"] is not None, scaling
 
 
 @pytest.mark.slow
