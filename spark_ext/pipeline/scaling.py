@@ -171,7 +171,6 @@ class SparkExecutors:
                            "(sts_spark_scale) for an outside autoscaler.")
         return ok
 
-
     def _release(self, jsc: Any, ids: list[str]) -> bool:
         """Release executors ``ids``: decommissioned where ``spark.decommission.enabled``
         (Spark's graceful removal: no new tasks go there, running ones finish, then the
