@@ -184,7 +184,9 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
     cmd = [sys.executable, "-m", "sidecar.cli", "sidecar", "--listen", endpoint,
            "--results-dir", str(Path(config.results_dir).absolute()),
            "--sidecar-id", sidecar_id, *config.launch_args]
-    if config.orphan_exit_s is not None:
+    if config.orphan_exit_s is not None and executor_pid() is not None:
+        # Only with an owner to follow: a sidecar whose owner file nobody writes would
+        # drain and exit orphan_exit_s after every start.
         cmd += ["--set", f"server.owner.file={stem.with_suffix('.owner').absolute()}",
                 "--set", f"server.owner.exit_after_s={config.orphan_exit_s:g}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
