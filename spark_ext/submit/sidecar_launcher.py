@@ -164,12 +164,14 @@ def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str
         try:
             if _serving(config, endpoint):
                 return True
+            log = run_dir / f"{name}.log"
             pid = _live_pid(run_dir / f"{name}.pid")
-            if pid is not None and _draining_until_exit(config, endpoint, pid, deadline):
-                pid = None  # a sidecar whose executor went away drained and exited
-            if pid is None:
-                pid = _start(config, gpu, endpoint, run_dir / name)
-            return _wait_serving(config, endpoint, pid, run_dir / f"{name}.log", deadline)
+            if pid is not None:  # running, not serving: starting, or draining to exit
+                serving = _wait_serving(config, endpoint, pid, log, deadline, exit_ok=True)
+                if serving is not None:
+                    return serving
+            pid = _start(config, gpu, endpoint, run_dir / name)
+            return _wait_serving(config, endpoint, pid, log, deadline) is True
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -242,25 +244,17 @@ def executor_pid() -> int | None:
     return None
 
 
-def _draining_until_exit(config: SidecarEndpointConfig, endpoint: str, pid: int,
-                         deadline: float) -> bool:
-    """A live sidecar that does not serve: wait until it serves (``False``) or exits
-    (``True``: it was draining, its executor gone; a new one must start)."""
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        if _serving(config, endpoint):
-            return False
-        time.sleep(0.2)
-    return False
-
-
 def _wait_serving(config: SidecarEndpointConfig, endpoint: str, pid: int, log: Path,
-                  deadline: float) -> bool:
+                  deadline: float, *, exit_ok: bool = False) -> bool | None:
+    """Until sidecar ``pid`` serves (``True``) or ``deadline`` passes (whether it serves
+    then). If it exits first: ``None`` with ``exit_ok`` (one found running, which drained
+    and exited because its executor is gone), else :class:`SidecarLaunchError`."""
     while time.monotonic() < deadline:
         if _serving(config, endpoint):
             return True
         if not _alive(pid):
+            if exit_ok:
+                return None
             tail = _last_line(log)
             raise SidecarLaunchError(f"sidecar for {endpoint} (pid {pid}) exited before "
                                      f"serving; log {log}: {tail}")

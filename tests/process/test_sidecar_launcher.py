@@ -80,6 +80,45 @@ def test_concurrent_tasks_start_one_sidecar_per_gpu(tmp_path: Path) -> None:
     assert not Path(endpoint.removeprefix("unix://")).exists()
 
 
+#: Stands in for a sidecar that is draining (its executor gone): running, not serving,
+#: and it exits half a second after a task took the GPU's start lock (argv[1]).
+_DRAINING = """
+import fcntl, sys, time
+with open(sys.argv[1], "a+b") as lock:
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        except BlockingIOError:
+            break
+        time.sleep(0.02)
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_task_that_finds_the_sidecar_draining_starts_a_new_one_once_it_exits(
+        tmp_path: Path) -> None:
+    """A sidecar whose executor went away (``orphan_exit_s``) drains before it exits; a
+    task of a new executor on that GPU waits for it to go, then starts its own."""
+    config = SidecarEndpointConfig(**_config(tmp_path))
+    endpoint = endpoint_for(config, "5")
+    run = tmp_path / "run"
+    run.mkdir()
+    draining = subprocess.Popen([sys.executable, "-c", _DRAINING, str(run / "sts-gpu5.lock"),
+                                 "sidecar.cli"])
+    (run / "sts-gpu5.pid").write_text(f"{draining.pid}\n")
+    try:
+        assert ensure_sidecar(config, "5", endpoint)
+        assert draining.wait(timeout=10) == 0
+        new_pid = int((run / "sts-gpu5.pid").read_text())
+        assert new_pid != draining.pid
+        assert _ready_lines(run / "sts-gpu5.log") == 1
+    finally:
+        draining.kill()
+        stop_sidecars(run)
+
+
 @pytest.mark.timeout(60)
 def test_a_sidecar_that_cannot_start_is_one_clear_error(tmp_path: Path) -> None:
     config = SidecarEndpointConfig(**_config(tmp_path, launch_args=["--engine", "nope"]))
