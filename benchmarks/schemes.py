@@ -134,7 +134,7 @@ WARM_UP_EVENTS = 6
 WARM_UP_PREFIX = "warmup-"
 
 
-def _warm_up(target: Path | Callable[[list[dict]], None], answered: Callable[[], int],
+def warm_up_scheme(target: Path | Callable[[list[dict]], None], answered: Callable[[], int],
              timeout_s: float = 120.0) -> None:
     """Write :data:`WARM_UP_EVENTS` events (into a landing folder, or through a
     function, e.g. onto a topic) and wait until the scheme answered them."""
@@ -298,7 +298,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     sampler = Sampler(f"{scheme} @{rate:g}/s")
     pipeline = StsPipeline(ctx.spark, config)
     pipeline.start()
-    _warm_up(warm_target, lambda: pipeline.store.stats.answers_written)
+    warm_up_scheme(warm_target, lambda: pipeline.store.stats.answers_written)
     warm = pipeline.store.stats.answers_written
     replayer.start()
 
@@ -370,7 +370,7 @@ def run_baseline(ctx: RunContext, rate: float, requests: list[GeneratedRequest],
     replayer = _replayer(run_dir / "events", requests)
     sampler = Sampler(f"baseline-{mode} @{rate:g}/s")
     baseline.start()
-    _warm_up(run_dir / "events", lambda: len(baseline.state.answers))
+    warm_up_scheme(run_dir / "events", lambda: len(baseline.state.answers))
     with baseline.state.lock:
         baseline.state.answers.clear()
         baseline.state.batch_durations_s.clear()

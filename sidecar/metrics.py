@@ -140,12 +140,15 @@ class _LiveCollector(Collector):
 
 def _scale_families(scale: ScaleSignal) -> Iterator[Metric]:
     """The scale signal (:mod:`sidecar.scale_signal`): what an autoscaler (KEDA, an HPA)
-    scales this sidecar's kind of GPU on (``sts_sidecar_desired_gpus``, summed over
-    the sidecars of a pipeline), and what it rests on."""
+    scales this sidecar's kind of GPU on (``sts_sidecar_desired_gpus``; over the
+    sidecars of a pipeline, ``sts_sidecar_desired_gpus_exact`` summed, then rounded up), and what it rests on."""
     gauges = {
         "desired_gpus": ("GPUs the capacity formula asks for: demand / (one GPU's measured "
                          "capacity x target utilisation), rounded up (at least 1).",
                          scale.desired_gpus),
+        "desired_gpus_exact": ("The capacity formula's value before rounding: what to sum "
+                               "over the sidecars of a pipeline (then round up).",
+                               scale.desired_gpus_exact),
         "served_gpus": ("GPUs this sidecar serves.", scale.gpus),
         "demand_tokens_per_second": ("Output tokens/s asked for: the last 60 s of arrivals "
                                      "(accepted or refused, at their expected length) "

@@ -325,8 +325,17 @@ class SidecarEndpointConfig:
     endpoints share the sidecars, and so the ``results_dir`` of the first to start them."""
 
     start_timeout_s: float = 300.0
-    """How long a task waits for a sidecar it started (or found starting) to serve;
-    past it, its requests are refused as ``unavailable`` and get the fallback."""
+    """How long the pipeline's start-up check (``check_at_start``) waits for a sidecar
+    it started (or found starting) to serve; past it, its requests are refused as
+    ``unavailable`` and get the fallback."""
+
+    stream_start_wait_s: float = 1.0
+    """How long a task of the running stream waits for its GPU's sidecar when it finds it
+    starting, or starts it (``launch: lazy``): a GPU executor that joins later (a
+    scale-up, an executor replaced after a failure) starts its sidecar in the background
+    and its requests are refused ``unavailable`` (the fallback answers them at once)
+    until it serves, instead of holding up the micro-batch, and so every other GPU's
+    requests, for the warm-up (a minute or more with vLLM)."""
 
     orphan_exit_s: float | None = None
     """With ``launch: lazy``: a sidecar whose executor has been gone this long (released
@@ -342,9 +351,11 @@ class SidecarEndpointConfig:
             raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
         if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
             raise PipelineConfigError(f"{self.gpu_endpoint=} must contain '{{gpu}}'")
-        if self.timeout_s <= 0 or self.start_timeout_s <= 0 or self.max_batch < 1:
+        if self.timeout_s <= 0 or self.start_timeout_s <= 0 or self.max_batch < 1 \
+                or self.stream_start_wait_s < 0:
             raise PipelineConfigError(f"{self.timeout_s=} and {self.start_timeout_s=} must "
-                                      f"be > 0 and {self.max_batch=} >= 1")
+                                      f"be > 0, {self.stream_start_wait_s=} >= 0 and "
+                                      f"{self.max_batch=} >= 1")
         if not isinstance(self.launch_args, list) or \
                 not all(isinstance(a, str) for a in self.launch_args):
             raise PipelineConfigError(f"{self.launch_args=} must be a list of strings")
@@ -690,6 +701,9 @@ class ScalingConfig:
     released (down to the largest value seen over the window)."""
     cooldown_s: float = 180.0
     """No decision this long after an action (a new executor's sidecar warms up first)."""
+    tolerance: float = 0.1
+    """No change while the desired GPUs (unrounded) are within this share of the GPUs
+    there are (Kubernetes' HPA default): a steady load near a boundary never flaps."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_gpus <= self.max_gpus:
@@ -698,6 +712,8 @@ class ScalingConfig:
         if min(self.up_window_s, self.down_window_s, self.cooldown_s) < 0:
             raise PipelineConfigError("scaling: up_window_s, down_window_s and cooldown_s "
                                       "must be >= 0")
+        if not 0 <= self.tolerance < 1:
+            raise PipelineConfigError(f"scaling: tolerance ({self.tolerance}) must be in [0, 1)")
 
 
 @dataclass

@@ -121,7 +121,8 @@ class PipelineMetrics(StreamingQueryListener):
         self.scale = Gauge(f"{_PREFIX}_scale", "The sidecars' scale signal summed over the "
                            "distinct sidecars the executors reached at the last check: "
                            "measure gpus (GPUs they serve), desired_gpus (what the "
-                           "capacity formula asks for), demand_tokens_per_second.",
+                           "capacity formula asks for: the sidecars' unrounded values summed, "
+                           "then rounded up), desired_gpus_exact, demand_tokens_per_second.",
                            ["measure"], registry=self.registry)
         self.registry.register(_PipelineCollector(pipeline))
         self._server: Any = None

@@ -2,8 +2,8 @@
 manager for GPU executors when the sidecars' scale signal stays above what there is, and
 releases executors when it stays below.
 
-The signal is the sum of the sidecars' ``desired_gpus`` over the distinct sidecars the
-executors reach (:func:`spark_ext.pipeline.metrics.pipeline_scale`), asked every
+The signal is the sum of the sidecars' unrounded ``desired_gpus`` over the distinct
+sidecars the executors reach, rounded up (:func:`pipeline_scale`), asked every
 :data:`~spark_ext.pipeline.sts_pipeline.SCALE_CHECK_INTERVAL_S`. :class:`ScaleController`
 decides, with hysteresis, so steady load never flaps:
 
@@ -11,7 +11,8 @@ decides, with hysteresis, so steady load never flaps:
   to the *median* of the values seen over that window (a level, not one check's noise);
 - **down** once it has stayed below for ``down_window_s``, to the *largest* value seen
   over that window (a spike inside the window holds the capacity);
-- **hold** otherwise, and for ``cooldown_s`` after any action (a new executor's sidecar
+- **hold** otherwise: while the signal is within ``tolerance`` (10 %) of the GPUs there
+  are (as Kubernetes' HPA), and for ``cooldown_s`` after any action (a new executor's sidecar
   warms up before it serves, so the signal lags the action);
 - always within ``min_gpus``-``max_gpus``.
 
@@ -29,6 +30,7 @@ the driver's ``/metrics`` (``sts_spark_scale``) for an outside autoscaler.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -44,19 +46,29 @@ def pipeline_scale(rows: list[dict]) -> dict[str, float]:
     """The scale signal of a pipeline: each sidecar's (one row per task that reached it;
     several tasks may share one) summed over the distinct sidecars.
 
+    The GPUs desired are the sidecars' unrounded values summed, then rounded up: four
+    sidecars each asking for a quarter of a GPU make one GPU, not four (a sum of
+    per-sidecar values rounded up would never let the pipeline shrink below the
+    sidecars it has).
+
     Example:
-        >>> rows = [{"sidecar_id": "a", "gpus": 1, "desired_gpus": 3, "demand_tokens_per_s": 900.0},
-        ...         {"sidecar_id": "a", "gpus": 1, "desired_gpus": 3, "demand_tokens_per_s": 900.0},
-        ...         {"sidecar_id": "b", "gpus": 1, "desired_gpus": 2, "demand_tokens_per_s": 500.0},
-        ...         {"sidecar_id": None, "gpus": None, "desired_gpus": None,
+        >>> rows = [{"sidecar_id": "a", "gpus": 1, "desired_gpus_exact": 2.4,
+        ...          "demand_tokens_per_s": 900.0},
+        ...         {"sidecar_id": "a", "gpus": 1, "desired_gpus_exact": 2.4,
+        ...          "demand_tokens_per_s": 900.0},
+        ...         {"sidecar_id": "b", "gpus": 1, "desired_gpus_exact": 0.3,
+        ...          "demand_tokens_per_s": 100.0},
+        ...         {"sidecar_id": None, "gpus": None, "desired_gpus_exact": None,
         ...          "demand_tokens_per_s": None}]
         >>> pipeline_scale(rows)
-        {'gpus': 2.0, 'desired_gpus': 5.0, 'demand_tokens_per_second': 1400.0}
+        {'gpus': 2.0, 'desired_gpus': 3.0, 'desired_gpus_exact': 2.7, 'demand_tokens_per_second': 1000.0}
     """
     seen = {r["sidecar_id"]: r for r in rows
-            if r.get("sidecar_id") is not None and r.get("desired_gpus") is not None}
+            if r.get("sidecar_id") is not None and r.get("desired_gpus_exact") is not None}
+    exact = sum(r["desired_gpus_exact"] for r in seen.values())
     return {"gpus": float(sum(r["gpus"] for r in seen.values())),
-            "desired_gpus": float(sum(r["desired_gpus"] for r in seen.values())),
+            "desired_gpus": float(max(1, math.ceil(exact - 1e-9))) if seen else 0.0,
+            "desired_gpus_exact": round(exact, 3),
             "demand_tokens_per_second": float(sum(r["demand_tokens_per_s"]
                                                   for r in seen.values()))}
 
@@ -96,16 +108,25 @@ class ScaleController:
         """+1 while the desired number is above the current one, -1 below, 0 level."""
         self._acted_at: float | None = None
 
-    def decide(self, now: float, *, desired: int, current: int) -> ScaleDecision:
+    def decide(self, now: float, *, desired: float, current: int) -> ScaleDecision:
         """The decision at ``now`` (seconds, monotonic) for a signal of ``desired`` GPUs
-        with ``current`` GPU executors."""
+        (the capacity formula's unrounded value) with ``current`` GPU executors.
+
+        Within ``tolerance`` of the current number (``desired / current`` between
+        ``1 - tolerance`` and ``1 + tolerance``) the signal asks for what there is: a load
+        that sits at a boundary (1.05 GPUs, then 0.97) never flaps between two sizes."""
         cfg = self.config
-        want = min(max(desired, cfg.min_gpus), cfg.max_gpus)
+        if abs(desired / max(current, 1) - 1) <= cfg.tolerance:
+            want = current
+        else:
+            want = max(1, math.ceil(desired - 1e-9))
+        want = min(max(want, cfg.min_gpus), cfg.max_gpus)
+        desired = float(f"{desired:.3g}")  # as the reasons print it
         side = (want > current) - (want < current)
         if side != self._side:
             self._side, self._seen = side, []
         if side == 0:
-            return ScaleDecision("hold", current, f"{desired} desired, {current} there")
+            return ScaleDecision("hold", current, f"{desired:g} desired, {current} there")
         self._seen.append((now, want))
         if self._acted_at is not None and now - self._acted_at < cfg.cooldown_s:
             return ScaleDecision("hold", current, f"cooling down after the last action "
@@ -113,13 +134,13 @@ class ScaleController:
         window = cfg.up_window_s if side > 0 else cfg.down_window_s
         since = self._seen[0][0]
         if now - since < window:
-            return ScaleDecision("hold", current, f"{desired} desired, {current} there, for "
+            return ScaleDecision("hold", current, f"{desired:g} desired, {current} there, for "
                                                   f"{now - since:.0f} of {window:.0f} s")
         recent = [w for t, w in self._seen if t >= now - window]
         target = int(statistics.median_high(recent)) if side > 0 else max(recent)
         self._acted_at, self._side, self._seen = now, 0, []
         action = "up" if side > 0 else "down"
-        return ScaleDecision(action, target, f"{desired} desired for {now - since:.0f} s "
+        return ScaleDecision(action, target, f"{desired:g} desired for {now - since:.0f} s "
                                              f"(window {window:.0f} s), {current} there")
 
 
@@ -197,8 +218,9 @@ def _scala_seq(sc: Any, items: list[str]) -> Any:
 
 
 def scaling_step(controller: ScaleController, executors: SparkExecutors,
-                 desired: int, clock: Callable[[], float] = time.monotonic) -> ScaleDecision:
-    """One check: decide on ``desired`` GPUs and carry it out; log every action."""
+                 desired: float, clock: Callable[[], float] = time.monotonic) -> ScaleDecision:
+    """One check: decide on ``desired`` GPUs (unrounded) and carry it out; log every
+    action."""
     current = executors.current()
     decision = controller.decide(clock(), desired=desired, current=current)
     if decision.action != "hold":

@@ -652,11 +652,10 @@ class StsPipeline:
 
         def step() -> object:
             try:
-                rows = self.check_sidecars(log_level=logging.DEBUG)
-                desired = int(pipeline_scale(rows)["desired_gpus"])
-                if controller is None or executors is None or not desired:
+                scale = pipeline_scale(self.check_sidecars(log_level=logging.DEBUG))
+                if controller is None or executors is None or not scale["desired_gpus"]:
                     return None
-                return scaling_step(controller, executors, desired)
+                return scaling_step(controller, executors, scale["desired_gpus_exact"])
             except Exception as e:  # the next check tries again
                 logger.warning("The scale check failed (the next one in %.0f s): %s",
                                SCALE_CHECK_INTERVAL_S, one_line_reason(e))

@@ -14,8 +14,11 @@ Spark assigns GPUs to tasks (``spark.task.resource.gpu.amount``); a task's sidec
   --sidecar-id <host>-gpu{N} <launch_args>`` in its own session (it outlives the
   Python worker and the executor, so the next executor on the GPU reuses it), with
   ``CUDA_VISIBLE_DEVICES=N`` and its output in ``sts-gpu{N}.log``; it waits until the
-  sidecar serves (``start_timeout_s``) and releases the lock. Later tasks find it
-  serving and only connect. With ``orphan_exit_s`` the sidecar follows its executor:
+  sidecar serves (``start_timeout_s``; a task of the running stream only
+  ``stream_start_wait_s``, so a GPU executor that joins later never holds up a
+  micro-batch for its sidecar's warm-up) and releases the lock. Later tasks find it
+  serving and only connect; one that finds it exited before ever serving (its log has
+  no ``sts sidecar ready`` line since its start) raises its log's last line. With ``orphan_exit_s`` the sidecar follows its executor:
   each Python worker names its executor's JVM in ``sts-gpu{N}.owner`` (unless another
   running one is named), and once no running executor has been named there for
   ``orphan_exit_s`` the sidecar drains and exits (:mod:`sidecar.owner_watch`), which
@@ -107,17 +110,24 @@ def for_tasks(config: SidecarEndpointConfig) -> SidecarEndpointConfig:
                                run_dir=str(Path(config.run_dir).absolute()))
 
 
-def task_sidecar(config: SidecarEndpointConfig) -> str:
-    """The endpoint of the running task's sidecar, started first with ``launch: lazy``.
+def task_sidecar(config: SidecarEndpointConfig, *, wait_s: float | None = None
+                 ) -> tuple[str, bool]:
+    """The endpoint of the running task's sidecar, started first with ``launch: lazy``,
+    and whether it serves (``True`` without ``launch: lazy``: the cluster runs it).
+
+    Args:
+        wait_s: How long to wait for a sidecar found starting or started here
+            (default ``start_timeout_s``); it goes on starting in the background.
 
     Raises:
-        SidecarLaunchError: a sidecar this task started exited before serving.
+        SidecarLaunchError: a sidecar this task started, or the last one started for its
+            GPU, exited before serving.
     """
     gpu = task_gpu() if config.gpu_endpoint else None
     endpoint = endpoint_for(config, gpu)
     if config.launch == "lazy":
-        ensure_sidecar(config, gpu, endpoint)
-    return endpoint
+        return endpoint, ensure_sidecar(config, gpu, endpoint, wait_s=wait_s)
+    return endpoint, True
 
 
 def _serving(config: SidecarEndpointConfig, endpoint: str) -> bool:
@@ -127,18 +137,24 @@ def _serving(config: SidecarEndpointConfig, endpoint: str) -> bool:
         return client.is_serving()
 
 
-def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str) -> bool:
+def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, *,
+                   wait_s: float | None = None) -> bool:
     """Make sure GPU ``gpu``'s sidecar at ``endpoint`` serves, starting it if needed;
     at most one is started per GPU however many tasks call this at once.
 
+    Args:
+        wait_s: How long to wait for it to serve (default ``start_timeout_s``). A sidecar
+            still starting then goes on in the background (its own session); a later
+            call finds it serving, or finds it exited before serving and raises.
+
     Returns:
-        True when it serves; False when it did not within ``start_timeout_s`` (the
-        caller's requests then get ``unavailable`` and the fallback).
+        True when it serves; False when it did not within ``wait_s`` (the caller's
+        requests then get ``unavailable`` and the fallback).
 
     Raises:
-        SidecarLaunchError: the sidecar started here exited before serving (its log
-            says why: bad ``launch_args``, the endpoint taken, ...), or its socket
-            path is too long for a unix socket.
+        SidecarLaunchError: the sidecar started here, or the last one started for this
+            GPU, exited before serving (its log says why: bad ``launch_args``, the
+            endpoint taken, ...), or its socket path is too long for a unix socket.
     """
     sock = endpoint.removeprefix("unix://") if endpoint.startswith("unix://") else ""
     if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
@@ -151,7 +167,7 @@ def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str
     if _serving(config, endpoint):
         return True
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    deadline = time.monotonic() + config.start_timeout_s
+    deadline = time.monotonic() + (config.start_timeout_s if wait_s is None else wait_s)
     with open(run_dir / f"{name}.lock", "a+b") as lock:
         while True:
             try:
@@ -166,12 +182,17 @@ def ensure_sidecar(config: SidecarEndpointConfig, gpu: str | None, endpoint: str
                 return True
             log = run_dir / f"{name}.log"
             pid = _live_pid(run_dir / f"{name}.pid")
+            if pid is None and (why := _failed_start(run_dir / name)) is not None:
+                raise SidecarLaunchError(f"the sidecar last started for {endpoint} exited "
+                                         f"before serving; log {log}: {why}")
             if pid is not None:  # running, not serving: starting, or draining to exit
-                serving = _wait_serving(config, endpoint, pid, log, deadline, exit_ok=True)
+                serving = _wait_serving(config, endpoint, pid, log, deadline, exit_ok=True,
+                                        warn=wait_s is None)
                 if serving is not None:
                     return serving
             pid = _start(config, gpu, endpoint, run_dir / name)
-            return _wait_serving(config, endpoint, pid, log, deadline) is True
+            return _wait_serving(config, endpoint, pid, log, deadline,
+                                 warn=wait_s is None) is True
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -194,17 +215,44 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
-    with open(stem.with_suffix(".log"), "ab") as log:
+    log_file = stem.with_suffix(".log")
+    _write_atomically(stem.with_suffix(".start"),
+                      str(log_file.stat().st_size if log_file.exists() else 0))
+    with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=stem.parent,
                                 start_new_session=True, umask=0o007)
     _STARTED[proc.pid] = proc
-    tmp = stem.with_suffix(".pid.tmp")
-    tmp.write_text(f"{proc.pid}\n")
-    tmp.replace(stem.with_suffix(".pid"))
+    _write_atomically(stem.with_suffix(".pid"), f"{proc.pid}\n")
     logger.warning("Started sidecar %s for GPU %s on %s (pid %d, log %s).", sidecar_id, gpu,
                    endpoint, proc.pid, stem.with_suffix(".log"))
     return proc.pid
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+#: What a sidecar prints once it serves (``sidecar.server``).
+READY_LINE = b"sts sidecar ready on "
+
+
+def _failed_start(stem: Path) -> str | None:
+    """The last line of the log of the sidecar last started as ``stem`` when it exited
+    without ever serving (``None`` when it served, or none was started here)."""
+    try:
+        offset = int(stem.with_suffix(".start").read_text())
+        with open(stem.with_suffix(".log"), "rb") as log:
+            log.seek(offset)
+            text = log.read()
+    except (OSError, ValueError):
+        return None
+    if READY_LINE in text:
+        return None
+    lines = text.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "(empty log)"
 
 
 def _claim(owner_file: Path) -> None:
@@ -245,10 +293,12 @@ def executor_pid() -> int | None:
 
 
 def _wait_serving(config: SidecarEndpointConfig, endpoint: str, pid: int, log: Path,
-                  deadline: float, *, exit_ok: bool = False) -> bool | None:
+                  deadline: float, *, exit_ok: bool = False, warn: bool = True
+                  ) -> bool | None:
     """Until sidecar ``pid`` serves (``True``) or ``deadline`` passes (whether it serves
-    then). If it exits first: ``None`` with ``exit_ok`` (one found running, which drained
-    and exited because its executor is gone), else :class:`SidecarLaunchError`."""
+    then; a warning with ``warn``, else it is still starting, as the caller allowed). If
+    it exits first: ``None`` with ``exit_ok`` (one found running, which drained and
+    exited because its executor is gone), else :class:`SidecarLaunchError`."""
     while time.monotonic() < deadline:
         if _serving(config, endpoint):
             return True
@@ -259,8 +309,12 @@ def _wait_serving(config: SidecarEndpointConfig, endpoint: str, pid: int, log: P
             raise SidecarLaunchError(f"sidecar for {endpoint} (pid {pid}) exited before "
                                      f"serving; log {log}: {tail}")
         time.sleep(0.2)
-    logger.warning("Sidecar for %s (pid %d) not serving after the start timeout; see %s.",
-                   endpoint, pid, log)
+    if warn:
+        logger.warning("Sidecar for %s (pid %d) not serving after the start timeout; "
+                       "see %s.", endpoint, pid, log)
+    else:
+        logger.info("Sidecar for %s (pid %d) still starting; this task's requests get the "
+                    "fallback (log %s).", endpoint, pid, log)
     return _serving(config, endpoint)
 
 

@@ -85,7 +85,9 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     from sidecar.client import SidecarClient
 
     freeze_loaded("submit")  # its imports: out of the per-task GC
-    endpoint = task_sidecar(config)  # started first if launch: lazy and not serving
+    # Started first if launch: lazy and not serving; a sidecar still warming up does not
+    # hold up the micro-batch: this task's requests get the fallback until it serves.
+    endpoint, serving = task_sidecar(config, wait_s=config.stream_start_wait_s)
     client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
     tracing = task_tracing(otel_env or {})
     attributes = _Attributes(attribute_columns, extra_attributes or {})
@@ -100,7 +102,8 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                 batch = batch.filter(chosen)
             for start in range(0, batch.num_rows, config.max_batch):
                 spans = SubmitSpans(tracing, traceparent_column) if tracing is not None else None
-                acks.append(_submit_chunk(client, endpoint, batch.slice(start, config.max_batch),
+                acks.append(_submit_chunk(client if serving else None, endpoint,
+                                          batch.slice(start, config.max_batch),
                                           attributes, spans))
                 yield acks[-1]
         if ack_channel is not None:
@@ -126,8 +129,9 @@ class _Attributes:
 
 def _submit_chunk(client, endpoint: str, chunk: pa.RecordBatch, attributes: _Attributes,
                   spans: SubmitSpans | None) -> pa.RecordBatch:
-    """One ``SubmitBatch`` call for ``chunk``; the chunk back without its prompt, with
-    the ack columns (:data:`ACK_SCHEMA`) added."""
+    """One ``SubmitBatch`` call for ``chunk`` (none without ``client``: a sidecar still
+    starting, every request refused ``unavailable``); the chunk back without its prompt,
+    with the ack columns (:data:`ACK_SCHEMA`) added."""
     from sidecar.contract import now_ms
 
     rows = chunk.to_pylist()
@@ -137,7 +141,9 @@ def _submit_chunk(client, endpoint: str, chunk: pa.RecordBatch, attributes: _Att
         r["attributes"] = attributes.of(r)
     if spans is not None:
         spans.prepare(rows)
-    acks = _ask(client, endpoint, rows, now)
+    acks = (_ask(client, endpoint, rows, now) if client is not None else
+            _refused(len(rows), "unavailable", "sidecar starting: not serving yet", now,
+                     endpoint))
     keep = [n for n in chunk.schema.names if n != "prompt"]
     arrays = [chunk.column(n) for n in keep]
     if spans is not None:
@@ -250,6 +256,7 @@ SIDECAR_CHECK_SCHEMA = pa.schema([("partition", pa.int64()), ("endpoint", pa.str
                                   ("serving", pa.bool_()), ("error", pa.string()),
                                   ("sidecar_id", pa.string()), ("gpus", pa.int32()),
                                   ("desired_gpus", pa.int32()),
+                                  ("desired_gpus_exact", pa.float64()),
                                   ("demand_tokens_per_s", pa.float64())])
 
 
@@ -267,7 +274,7 @@ def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointC
     endpoint = resolve_endpoint(config)
     serving, error, stats = False, None, None
     try:
-        task_sidecar(config)  # with launch: lazy, the check starts the sidecars
+        task_sidecar(config)  # with launch: lazy, the check starts the sidecars and waits
         with SidecarClient(endpoint, timeout_s=config.timeout_s,
                            security=config.security()) as client:
             serving = client.is_serving()
@@ -281,6 +288,7 @@ def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointC
          "sidecar_id": [stats.sidecar_id if stats is not None else None],
          "gpus": [scale.gpus if scale else None],
          "desired_gpus": [scale.desired_gpus if scale else None],
+         "desired_gpus_exact": [scale.desired_gpus_exact if scale else None],
          "demand_tokens_per_s": [scale.demand_tokens_per_s if scale else None]},
         schema=SIDECAR_CHECK_SCHEMA)
 
@@ -298,7 +306,7 @@ def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
     Returns:
         One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``, and the
         sidecar's ``sidecar_id`` and scale signal (``gpus``, ``desired_gpus``,
-        ``demand_tokens_per_s``; ``None`` when it does not serve).
+        ``desired_gpus_exact``, ``demand_tokens_per_s``; ``None`` when it does not serve).
     """
     from spark_ext.session import task_slots
 

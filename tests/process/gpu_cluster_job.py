@@ -6,7 +6,7 @@ share a process with the suite's ``local`` one)::
     python -m tests.process.gpu_cluster_job WORK_DIR    # prints a JSON report
 
 ``local-cluster[2,1,1024]``: two workers, each with one executor of one core and one
-GPU, found by ``fake_gpu_discovery.sh`` (the first worker gets address ``0``, the
+GPU, found by ``sts_harness/fake_gpu_discovery.sh`` (the first worker gets address ``0``, the
 second ``1``). Tasks take one GPU each and submit through
 :func:`spark_ext.submit.submission.submit_requests` with ``launch: lazy`` and the simulated
 engine, so the first task on each GPU starts that GPU's sidecar. Each request carries
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-REPO = Path(__file__).resolve().parents[2]
-DISCOVERY = Path(__file__).with_name("fake_gpu_discovery.sh")
+from sts_harness.gpu_cluster import executors, gpu_cluster_session, until_executors
+
 #: Requests per round, and tasks (partitions) per round.
 ROWS, TASKS = 48, 8
 #: ``max_tokens`` of the round acknowledged just before an executor is released: about
@@ -68,68 +68,17 @@ def _requests(batches: Iterator[pa.RecordBatch], round_no: int,
             "round": [round_no] * len(ids)}, schema=REQUEST_SCHEMA)
 
 
-def _spark_home(pyspark_dir: Path, work: Path) -> Path:
-    """A Spark home of links to the installed PySpark's folders: a local-cluster's
-    workers write the executors' folders under ``$SPARK_HOME/work``, which must not be
-    the shared site-packages."""
-    home = work / "spark-home"
-    home.mkdir()
-    for entry in pyspark_dir.iterdir():
-        if entry.name != "work":
-            (home / entry.name).symlink_to(entry)
-    return home
-
-
 def _session(work: Path):
-    import pyspark
-    from pyspark.sql import SparkSession
-
-    os.environ["STS_FAKE_GPU_DIR"] = str(work / "gpus")
-    os.environ["SPARK_HOME"] = str(_spark_home(Path(pyspark.__file__).parent, work))
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("sts-gpu-cluster")
-             .config("spark.pyspark.python", sys.executable)
-             .config("spark.executorEnv.PYTHONPATH", pythonpath)
-             .config("spark.worker.resource.gpu.amount", "1")
-             .config("spark.worker.resource.gpu.discoveryScript", str(DISCOVERY))
-             .config("spark.executor.resource.gpu.amount", "1")
-             .config("spark.executor.resource.gpu.discoveryScript", str(DISCOVERY))
-             .config("spark.task.resource.gpu.amount", "1")
-             .config("spark.locality.wait", "0")
-             .config("spark.decommission.enabled", "true")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return gpu_cluster_session(work, workers=2, cores=1, memory_mb=1024)
 
 
 def _wait_for_executors(spark, n: int, timeout_s: float = 120.0) -> None:
-    """Until ``n`` executors have registered (the driver counts as one more)."""
-    sc = spark.sparkContext._jsc.sc()
+    """Until at least ``n`` executors have registered."""
     deadline = time.monotonic() + timeout_s
-    while sc.getExecutorMemoryStatus().size() < n + 1:
+    while executors(spark) < n:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{n} executors not up after {timeout_s}s")
         time.sleep(0.2)
-
-
-def _executors(spark) -> int:
-    """Executors registered now (the driver not counted)."""
-    return spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
-
-
-def _until_executors(spark, n: int, timeout_s: float = 120.0) -> float:
-    """Seconds until exactly ``n`` executors are registered."""
-    started = time.monotonic()
-    while _executors(spark) != n:
-        if time.monotonic() - started > timeout_s:
-            raise TimeoutError(f"{n} executors not reached after {timeout_s}s "
-                               f"({_executors(spark)} now)")
-        time.sleep(0.2)
-    return time.monotonic() - started
 
 
 def _sidecar_pids(run: Path) -> dict[str, int]:
@@ -165,7 +114,7 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
     before = executors.current()
     released_at = time.monotonic()
     down = executors.apply(ScaleDecision("down", before - 1, "test"), before)
-    down_s = _until_executors(spark, before - 1)
+    down_s = until_executors(spark, before - 1)
     after_down = executors.current()
     exited: dict[str, float] = {}
     while not exited and time.monotonic() - released_at < 120:
@@ -175,7 +124,7 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
     by_id = wait_for_results(results, {a["request_id"] for a in acks}, timeout_s=120.0)
     decided_ms = now_ms()
     up = executors.apply(ScaleDecision("up", before, "test"), after_down)
-    up_s = _until_executors(spark, before)
+    up_s = until_executors(spark, before)
     # The new executor's first tasks start its GPU's sidecar (lazily) and are answered.
     requests = (spark.range(ROWS, numPartitions=TASKS)
                 .mapInArrow(lambda it: _requests(it, 4), REQUEST_DDL))
@@ -229,7 +178,7 @@ def main(work: Path) -> dict:
         endpoint="unix:///nonexistent/sts-no-gpu.sock",  # a task without a GPU fails visibly
         gpu_endpoint=f"unix://{run}/sts-gpu{{gpu}}.sock", launch="lazy",
         launch_args=["--engine", "simulated"], run_dir="run", results_dir="results",
-        start_timeout_s=60.0, orphan_exit_s=ORPHAN_EXIT_S)
+        start_timeout_s=60.0, stream_start_wait_s=60.0, orphan_exit_s=ORPHAN_EXIT_S)
     spark = _session(work)
     try:
         _wait_for_executors(spark, 2)

@@ -23,7 +23,7 @@ from tests.utils import REPO, require_tool, wait_until
 CLUSTER = REPO / "conf" / "cluster"
 INIT = CLUSTER / "databricks-init.sh"
 POD = CLUSTER / "k8s-pod-template.yaml"
-SCRIPTS = [INIT, REPO / "tests" / "process" / "fake_gpu_discovery.sh"]
+SCRIPTS = [INIT, REPO / "sts_harness" / "fake_gpu_discovery.sh"]
 
 
 def _pod() -> dict:

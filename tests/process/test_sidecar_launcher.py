@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -127,6 +128,49 @@ def test_a_sidecar_that_cannot_start_is_one_clear_error(tmp_path: Path) -> None:
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.timeout(120)
+def test_a_task_of_the_stream_does_not_wait_for_a_warm_up(tmp_path: Path) -> None:
+    """A GPU executor that joins a running stream: its task starts the sidecar and
+    goes on after ``wait_s`` (its requests get the fallback); the sidecar comes up in the
+    background and a later task finds it serving, without a second start."""
+    config = SidecarEndpointConfig(**_config(tmp_path))
+    endpoint = endpoint_for(config, "6")
+    run = tmp_path / "run"
+    try:
+        started = time.monotonic()
+        assert ensure_sidecar(config, "6", endpoint, wait_s=0.0) is False
+        assert time.monotonic() - started < 5.0  # the warm-up alone takes longer here
+        pid = int((run / "sts-gpu6.pid").read_text())
+        wait_until(lambda: ensure_sidecar(config, "6", endpoint, wait_s=0.0), timeout_s=60)
+        assert int((run / "sts-gpu6.pid").read_text()) == pid
+        assert _ready_lines(run / "sts-gpu6.log") == 1
+    finally:
+        stop_sidecars(run)
+
+
+@pytest.mark.timeout(60)
+def test_a_sidecar_that_died_starting_in_the_background_is_one_clear_error(
+        tmp_path: Path) -> None:
+    """The task that started it did not wait; the next task on the GPU reports why it
+    never served instead of starting it again (and refusing every request quietly)."""
+    config = SidecarEndpointConfig(**_config(tmp_path, launch_args=["--engine", "nope"]))
+    endpoint = endpoint_for(config, "2")
+    assert ensure_sidecar(config, "2", endpoint, wait_s=0.0) is False
+    pid = int((tmp_path / "run" / "sts-gpu2.pid").read_text())
+
+    def failure() -> str | None:
+        try:  # still starting: False, no error yet
+            assert ensure_sidecar(config, "2", endpoint, wait_s=0.0) is False
+        except SidecarLaunchError as e:
+            return str(e)
+        return None
+
+    why = wait_until(failure, timeout_s=30)
+    assert re.search("last started.*exited before serving.*invalid choice", why), why
+    assert "\n" not in why
+    assert int((tmp_path / "run" / "sts-gpu2.pid").read_text()) == pid  # not started again
+
+
 def test_a_socket_path_over_the_unix_limit_is_refused_before_starting(tmp_path: Path) -> None:
     config = SidecarEndpointConfig(**_config(tmp_path, gpu_endpoint=f"unix://{tmp_path}/"
                                              + "s" * 120 + "-{gpu}.sock"))
@@ -142,3 +186,5 @@ def test_launch_settings_are_checked() -> None:
         SidecarEndpointConfig(gpu_endpoint="unix:///run/sts/sts.sock")
     with pytest.raises(PipelineConfigError, match="launch_args"):
         SidecarEndpointConfig(launch_args="--engine simulated")  # type: ignore[arg-type]
+    with pytest.raises(PipelineConfigError, match="stream_start_wait_s"):
+        SidecarEndpointConfig(stream_start_wait_s=-1)

@@ -77,6 +77,7 @@ def test_a_sidecar_reports_the_demand_it_was_given() -> None:
         assert "desired GPUs 4" in format_stats(msg)
         text = generate_latest(SidecarMetrics(s).registry).decode()
         assert "sts_sidecar_desired_gpus 4.0" in text
+        assert "sts_sidecar_desired_gpus_exact 3.6" in text
         assert "sts_sidecar_capacity_tokens_per_second 200.0" in text
         await s.abort_all()
 

@@ -177,3 +177,29 @@ def test_spark_submit_sends_only_the_chosen_rows_and_passes_the_others_through()
     for rid in ("r1", "r2"):
         assert all(by_id[rid][f.name] is None for f in ACK_SCHEMA), by_id[rid]
     assert sorted(r.request_id for r in results) == ["r0", "r3"]
+
+
+def test_a_task_whose_sidecar_is_still_starting_refuses_at_once(monkeypatch) -> None:
+    """A GPU executor that joined the stream while its sidecar warms up: every request
+    of the task is refused ``unavailable`` (the pipeline answers it with the fallback at
+    once), no RPC is tried, and the task does not wait for the warm-up."""
+    import pyarrow as pa
+
+    from spark_ext.config import SidecarEndpointConfig
+    from spark_ext.submit import submission
+    from tests.utils import make_request
+
+    waits: list[float | None] = []
+
+    def starting(config, *, wait_s=None):
+        waits.append(wait_s)
+        return "unix:///nonexistent/sts-gpu3.sock", False
+
+    monkeypatch.setattr(submission, "task_sidecar", starting)
+    batch = pa.RecordBatch.from_pylist([make_request(f"r{i}") for i in range(3)])
+    config = SidecarEndpointConfig(launch="lazy", stream_start_wait_s=0.5)
+    out = pa.Table.from_batches(list(submission.submit_batches(iter([batch]), config)))
+    assert waits == [0.5]
+    assert out.column("accepted").to_pylist() == [False] * 3
+    assert set(out.column("reason").to_pylist()) == {"unavailable"}
+    assert set(out.column("detail").to_pylist()) == {"sidecar starting: not serving yet"}
