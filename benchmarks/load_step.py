@@ -44,6 +44,7 @@ from benchmarks.generate import GeneratedRequest, events_for_spark, generate
 from benchmarks.profiles import load_profile
 from sidecar import percentiles
 from sidecar.contract import PRIORITY_NAMES
+from spark_ext.kinds import writer_choices
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
                 next_print += 30
                 s = samples[-1]
                 print(f"  [{name} {t:5.0f}s {schedule.phase_of(t)}] executors "
-                      f"{s['executors']}, desired {s['desired_gpus']}, offered {s['offered']}, "
+                      f"{s['executors']}, desired {s['desired_gpus_exact']}, offered {s['offered']}, "
                       f"answered {s['answered']}", flush=True)
             time.sleep(1.0)
         replayer.join()
@@ -348,7 +349,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="tagging.max_tokens, the cap on each request's sampled length "
                         "(default 300: the seed profile's 1 %% of very long outputs would "
                         "not finish within 8 s even alone on an idle GPU)")
-    p.add_argument("--writer", default="deltalake", choices=["deltalake", "spark"])
+    p.add_argument("--writer", default="deltalake", choices=writer_choices(),
+                   help="output.writer (default deltalake: the driver writes, which leaves "
+                        "the two cores to the executors)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load-step"))
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sts-load-step"),

@@ -141,7 +141,8 @@ class _LiveCollector(Collector):
 def _scale_families(scale: ScaleSignal) -> Iterator[Metric]:
     """The scale signal (:mod:`sidecar.scale_signal`): what an autoscaler (KEDA, an HPA)
     scales this sidecar's kind of GPU on (``sts_sidecar_desired_gpus``; over the
-    sidecars of a pipeline, ``sts_sidecar_desired_gpus_exact`` summed, then rounded up), and what it rests on."""
+    sidecars of a pipeline, ``sts_sidecar_desired_gpus_exact`` summed, then rounded up),
+    and what it rests on."""
     gauges = {
         "desired_gpus": ("GPUs the capacity formula asks for: demand / (one GPU's measured "
                          "capacity x target utilisation), rounded up (at least 1).",

@@ -325,17 +325,11 @@ class SidecarEndpointConfig:
     endpoints share the sidecars, and so the ``results_dir`` of the first to start them."""
 
     start_timeout_s: float = 300.0
-    """How long the pipeline's start-up check (``check_at_start``) waits for a sidecar
-    it started (or found starting) to serve; past it, its requests are refused as
-    ``unavailable`` and get the fallback."""
-
-    stream_start_wait_s: float = 1.0
-    """How long a task of the running stream waits for its GPU's sidecar when it finds it
-    starting, or starts it (``launch: lazy``): a GPU executor that joins later (a
-    scale-up, an executor replaced after a failure) starts its sidecar in the background
-    and its requests are refused ``unavailable`` (the fallback answers them at once)
-    until it serves, instead of holding up the micro-batch, and so every other GPU's
-    requests, for the warm-up (a minute or more with vLLM)."""
+    """How long the pipeline's start-up check (``check_at_start``) and a batch
+    :func:`~spark_ext.submit.submission.submit_requests` wait for a sidecar they started
+    (or found starting) to serve; past it, the requests are refused as ``unavailable``
+    and get the fallback. The running stream's tasks wait only
+    :data:`~spark_ext.submit.submission.STREAM_START_WAIT_S`."""
 
     orphan_exit_s: float | None = None
     """With ``launch: lazy``: a sidecar whose executor has been gone this long (released
@@ -351,11 +345,9 @@ class SidecarEndpointConfig:
             raise PipelineConfigError(f"{self.launch=} must be 'none' or 'lazy'")
         if self.gpu_endpoint is not None and "{gpu}" not in self.gpu_endpoint:
             raise PipelineConfigError(f"{self.gpu_endpoint=} must contain '{{gpu}}'")
-        if self.timeout_s <= 0 or self.start_timeout_s <= 0 or self.max_batch < 1 \
-                or self.stream_start_wait_s < 0:
+        if self.timeout_s <= 0 or self.start_timeout_s <= 0 or self.max_batch < 1:
             raise PipelineConfigError(f"{self.timeout_s=} and {self.start_timeout_s=} must "
-                                      f"be > 0, {self.stream_start_wait_s=} >= 0 and "
-                                      f"{self.max_batch=} >= 1")
+                                      f"be > 0 and {self.max_batch=} >= 1")
         if not isinstance(self.launch_args, list) or \
                 not all(isinstance(a, str) for a in self.launch_args):
             raise PipelineConfigError(f"{self.launch_args=} must be a list of strings")

@@ -74,7 +74,7 @@ from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE, register_clock_
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
 from spark_ext.submit.ack_channel import AckChannel
-from spark_ext.submit.submission import check_sidecars, submit_requests
+from spark_ext.submit.submission import STREAM_START_WAIT_S, check_sidecars, submit_requests
 from spark_ext.tracing import answer_spans
 from spark_ext.uris import is_local_uri, local_path, resolve_local
 from spark_ext.worker_pool import warm_up_workers
@@ -334,7 +334,7 @@ class StsPipeline:
             return submit_requests(requests, self.config.sidecar,
                                    self.config.tagging.key_columns, extra,
                                    traceparent_column=self.config.tagging.traceparent,
-                                   ack_channel=ack_channel)
+                                   ack_channel=ack_channel, start_wait_s=STREAM_START_WAIT_S)
         chosen = F.col("route") == "llm" if "route" in requests.columns else F.lit(True)
         if DEAD_LETTER_COLUMN in requests.columns:  # not an event: never submitted
             chosen = chosen & F.col(DEAD_LETTER_COLUMN).isNull()
@@ -347,7 +347,8 @@ class StsPipeline:
         requests = requests.withColumn(SUBMIT_COLUMN, F.coalesce(chosen, F.lit(False)))
         return submit_requests(requests, self.config.sidecar, carried, extra,
                                traceparent_column=self.config.tagging.traceparent,
-                               submit_when=SUBMIT_COLUMN, ack_channel=ack_channel)
+                               submit_when=SUBMIT_COLUMN, ack_channel=ack_channel,
+                               start_wait_s=STREAM_START_WAIT_S)
 
     def results(self) -> DataFrame:
         """The sidecar's result rows as a stream (the result channel's reader)."""

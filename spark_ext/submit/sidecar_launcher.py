@@ -15,15 +15,15 @@ Spark assigns GPUs to tasks (``spark.task.resource.gpu.amount``); a task's sidec
   Python worker and the executor, so the next executor on the GPU reuses it), with
   ``CUDA_VISIBLE_DEVICES=N`` and its output in ``sts-gpu{N}.log``; it waits until the
   sidecar serves (``start_timeout_s``; a task of the running stream only
-  ``stream_start_wait_s``, so a GPU executor that joins later never holds up a
+  ``submission.STREAM_START_WAIT_S``, so a GPU executor that joins later never holds up a
   micro-batch for its sidecar's warm-up) and releases the lock. Later tasks find it
   serving and only connect; one that finds it exited before ever serving (its log has
-  no ``sts sidecar ready`` line since its start) raises its log's last line. With ``orphan_exit_s`` the sidecar follows its executor:
-  each Python worker names its executor's JVM in ``sts-gpu{N}.owner`` (unless another
-  running one is named), and once no running executor has been named there for
-  ``orphan_exit_s`` the sidecar drains and exits (:mod:`sidecar.owner_watch`), which
-  frees the GPU after a scale-in; a task that finds it draining waits for it to exit
-  and starts a new one.
+  no ``sts sidecar ready`` line since its start) raises its log's last line. With
+  ``orphan_exit_s`` the sidecar follows its executor: each Python worker names its
+  executor's JVM in ``sts-gpu{N}.owner`` (unless another running one is named), and
+  once no running executor has been named there for ``orphan_exit_s`` the sidecar
+  drains and exits (:mod:`sidecar.owner_watch`), which frees the GPU after a scale-in;
+  a task that finds it draining waits for it to exit and starts a new one.
 
 Every sidecar writes its result files into the same ``results_dir``: their names
 carry the sidecar id (``part-{incarnation}-{seq}-{sidecar_id}.parquet``), so writers
@@ -44,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from sidecar import claim_owner
+from sidecar import claim_owner, write_text_atomically
 from spark_ext.config import SidecarEndpointConfig
 from spark_ext.exceptions import SidecarLaunchError
 
@@ -216,23 +216,17 @@ def _start(config: SidecarEndpointConfig, gpu: str | None, endpoint: str, stem: 
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     log_file = stem.with_suffix(".log")
-    _write_atomically(stem.with_suffix(".start"),
-                      str(log_file.stat().st_size if log_file.exists() else 0))
+    write_text_atomically(stem.with_suffix(".start"),
+                          str(log_file.stat().st_size if log_file.exists() else 0))
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=stem.parent,
                                 start_new_session=True, umask=0o007)
     _STARTED[proc.pid] = proc
-    _write_atomically(stem.with_suffix(".pid"), f"{proc.pid}\n")
+    write_text_atomically(stem.with_suffix(".pid"), f"{proc.pid}\n")
     logger.warning("Started sidecar %s for GPU %s on %s (pid %d, log %s).", sidecar_id, gpu,
                    endpoint, proc.pid, stem.with_suffix(".log"))
     return proc.pid
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 #: What a sidecar prints once it serves (``sidecar.server``).

@@ -39,6 +39,15 @@ ACK_SCHEMA = pa.schema([
 ])
 
 
+#: How long a task of a running stream waits for its GPU's sidecar when it finds it
+#: starting, or starts it (``launch: lazy``): a GPU executor that joins later (a scale-up,
+#: an executor replaced after a failure) starts its sidecar in the background and its
+#: requests are refused ``unavailable`` (the fallback answers them at once) until it
+#: serves, instead of holding up the micro-batch, and with it every other GPU's requests,
+#: for the warm-up (a minute or more for vLLM to load a model).
+STREAM_START_WAIT_S = 1.0
+
+
 def resolve_endpoint(config: SidecarEndpointConfig) -> str:
     """The sidecar this task should use: the one of its GPU, else the default.
 
@@ -68,7 +77,8 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                    extra_attributes: Mapping[str, str] | None = None,
                    otel_env: Mapping[str, str] | None = None, traceparent_column: str = "",
                    submit_when: str | None = None,
-                   ack_channel: AckChannel | None = None) -> Iterator[pa.RecordBatch]:
+                   ack_channel: AckChannel | None = None,
+                   start_wait_s: float | None = None) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body: submit each batch, yield it with ack columns (no prompt).
 
     With ``submit_when`` (a boolean column) only the rows where it is true are
@@ -81,13 +91,15 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     ``OTEL_*`` variables, or the worker's own) each request also carries its
     ``traceparent`` and the L1 spans are written (:mod:`spark_ext.tracing`). With
     ``ack_channel``, the task's ack rows are left there once all are submitted
-    (:mod:`spark_ext.submit.ack_channel`)."""
+    (:mod:`spark_ext.submit.ack_channel`). ``start_wait_s``: how long to wait for a
+    lazily started sidecar that does not serve yet (default ``start_timeout_s``); past
+    it, the requests are refused ``unavailable`` and it goes on starting."""
     from sidecar.client import SidecarClient
 
     freeze_loaded("submit")  # its imports: out of the per-task GC
     # Started first if launch: lazy and not serving; a sidecar still warming up does not
     # hold up the micro-batch: this task's requests get the fallback until it serves.
-    endpoint, serving = task_sidecar(config, wait_s=config.stream_start_wait_s)
+    endpoint, serving = task_sidecar(config, wait_s=start_wait_s)
     client = SidecarClient(endpoint, timeout_s=config.timeout_s, security=config.security())
     tracing = task_tracing(otel_env or {})
     attributes = _Attributes(attribute_columns, extra_attributes or {})
@@ -224,7 +236,8 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
                     extra_attributes: Mapping[str, str] | None = None, *,
                     traceparent_column: str | None = None,
                     submit_when: str | None = None,
-                    ack_channel: AckChannel | None = None) -> DataFrame:
+                    ack_channel: AckChannel | None = None,
+                    start_wait_s: float | None = None) -> DataFrame:
     """Send every request row to the sidecar; return one ack row per request.
 
     The output keeps the input columns except ``prompt`` and adds ``accepted``,
@@ -235,7 +248,9 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     events' own trace context (docs/metrics.md, "Tracing"). With ``submit_when`` (a boolean
     column) only the rows where it is true are submitted; the others come out with
     null ack columns (``accepted`` null means "not submitted"). With ``ack_channel``
-    every task also leaves its ack rows there for the answers query.
+    every task also leaves its ack rows there for the answers query. With ``launch:
+    lazy`` a task waits ``start_wait_s`` (default ``start_timeout_s``) for its GPU's
+    sidecar to serve; a stream passes :data:`STREAM_START_WAIT_S`.
 
     Usage::
 
@@ -247,7 +262,7 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     otel, parent = driver_otel_env(), traceparent_column or ""
     return requests.mapInArrow(
         lambda it: submit_batches(it, config, columns, extra, otel, parent, submit_when,
-                                  ack_channel),
+                                  ack_channel, start_wait_s),
         ack_schema(requests))
 
 

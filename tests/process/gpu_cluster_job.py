@@ -178,7 +178,7 @@ def main(work: Path) -> dict:
         endpoint="unix:///nonexistent/sts-no-gpu.sock",  # a task without a GPU fails visibly
         gpu_endpoint=f"unix://{run}/sts-gpu{{gpu}}.sock", launch="lazy",
         launch_args=["--engine", "simulated"], run_dir="run", results_dir="results",
-        start_timeout_s=60.0, stream_start_wait_s=60.0, orphan_exit_s=ORPHAN_EXIT_S)
+        start_timeout_s=60.0, orphan_exit_s=ORPHAN_EXIT_S)
     spark = _session(work)
     try:
         _wait_for_executors(spark, 2)

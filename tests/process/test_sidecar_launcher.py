@@ -186,5 +186,3 @@ def test_launch_settings_are_checked() -> None:
         SidecarEndpointConfig(gpu_endpoint="unix:///run/sts/sts.sock")
     with pytest.raises(PipelineConfigError, match="launch_args"):
         SidecarEndpointConfig(launch_args="--engine simulated")  # type: ignore[arg-type]
-    with pytest.raises(PipelineConfigError, match="stream_start_wait_s"):
-        SidecarEndpointConfig(stream_start_wait_s=-1)

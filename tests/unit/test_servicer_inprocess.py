@@ -197,8 +197,9 @@ def test_a_task_whose_sidecar_is_still_starting_refuses_at_once(monkeypatch) -> 
 
     monkeypatch.setattr(submission, "task_sidecar", starting)
     batch = pa.RecordBatch.from_pylist([make_request(f"r{i}") for i in range(3)])
-    config = SidecarEndpointConfig(launch="lazy", stream_start_wait_s=0.5)
-    out = pa.Table.from_batches(list(submission.submit_batches(iter([batch]), config)))
+    config = SidecarEndpointConfig(launch="lazy")
+    out = pa.Table.from_batches(list(submission.submit_batches(iter([batch]), config,
+                                                               start_wait_s=0.5)))
     assert waits == [0.5]
     assert out.column("accepted").to_pylist() == [False] * 3
     assert set(out.column("reason").to_pylist()) == {"unavailable"}
