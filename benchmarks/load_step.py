@@ -159,6 +159,10 @@ def _desired(pipeline, measure: str = "desired_gpus_exact") -> float | None:
     return pipeline.metrics.registry.get_sample_value("sts_spark_scale", {"measure": measure})
 
 
+#: The file that marks a run's work folder as this benchmark's (emptied at the next run).
+_MARKER = ".sts-load-step"
+
+
 def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
     """One run in this process: the cluster, the pipeline, the replay, the figures."""
     from benchmarks.schemes import WARM_UP_PREFIX, warm_up_scheme
@@ -171,8 +175,13 @@ def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
     workers, elastic = RUNS[name]
     schedule = Schedule(args.base_rate, args.factor, args.base_min * 60, args.step_min * 60,
                         args.after_min * 60)
-    shutil.rmtree(work, ignore_errors=True)
+    if work.exists():  # a folder of an earlier run (its marker), never anything else
+        if not (work / _MARKER).exists():
+            raise SystemExit(f"{work} exists and was not made by a load-step run: "
+                             "choose another --work-dir")
+        shutil.rmtree(work)
     work.mkdir(parents=True)
+    (work / _MARKER).touch()
     sts_pipeline.SCALE_CHECK_INTERVAL_S = args.check_interval
     spark = gpu_cluster_session(work, workers=workers, cores=2, memory_mb=1024,
                                 task_gpu_amount=0.5, app_name=f"sts-load-step-{name}")
@@ -356,7 +365,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load-step"))
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sts-load-step"),
                    help="the runs' tables, checkpoints and logs (one folder per run, "
-                        "emptied when the run starts)")
+                        "emptied when the next run starts; a folder this benchmark did "
+                        "not make is refused, never emptied)")
     p.add_argument("--summarize-again", action="store_true",
                    help="rebuild each run's figures from --work-dir and --out, run nothing")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child process: this run only
