@@ -22,10 +22,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.cli_args import DEFAULT_SCHEMES, SCHEMES
+from benchmarks.cli_args import DEFAULT_SCHEMES, KAFKA_SCHEMES, SCHEMES
 from benchmarks.generate import generate
 from benchmarks.profiles import TrafficProfile, load_profile
-from benchmarks.schemes import KafkaPath, RunContext, run_scheme
+from benchmarks.schemes import RTM_REQUESTS_TOPIC, KafkaPath, RunContext, run_scheme
 from sidecar import ConfigError, write_text_atomically
 from sts_harness.hops import format_hops
 
@@ -71,6 +71,8 @@ class BenchOptions:
     ``<out>/work/kafka`` (labelled ``local`` in the results)."""
     kafka_results_reader: str = "driver"
     """``sts-kafka``: ``kafka.results_reader`` of its pipeline (``driver`` or ``spark``)."""
+    answers_topic: bool = False
+    """The Kafka schemes also publish their answers on a topic (``answers.topic``)."""
 
 
 def _machine() -> dict:
@@ -198,8 +200,8 @@ def run_bench(opts: BenchOptions) -> dict:
             log_path=out / "sidecar.log", stop_timeout_s=30,
             security=ClientSecurity(token_file=str(token_file))))
         assert sidecar.client is not None
-        kafka = _kafka_path(stack, opts, out, work, token_file) if "sts-kafka" in schemes \
-            else None
+        kafka = _kafka_path(stack, opts, out, work, token_file) \
+            if set(KAFKA_SCHEMES) & set(schemes) else None
         if kafka is not None:
             doc["kafka"] = {"cluster": kafka.cluster, "bootstrap_servers": kafka.bootstrap_servers,
                             "results_reader": kafka.results_reader,
@@ -261,12 +263,15 @@ def _kafka_path(stack: contextlib.ExitStack, opts: BenchOptions, out: Path, work
         work / "results-kafka",
         [*_sidecar_args(opts, f"bench-{opts.engine}-kafka"),
          "--set", f"server.token_file={json.dumps(str(token_file))}",
-         *kafka_results_args(bootstrap)],
+         *kafka_results_args(bootstrap),
+         # sts-kafka-rtm's requests (an idle topic for sts-kafka)
+         "--set", f"intake.topic={json.dumps(RTM_REQUESTS_TOPIC)}"],
         log_path=out / "sidecar-kafka.log", stop_timeout_s=30,
         security=ClientSecurity(token_file=str(token_file))))
     assert sidecar.client is not None
     return KafkaPath(client=sidecar.client, bootstrap_servers=bootstrap, cluster=cluster,
-                     results_reader=opts.kafka_results_reader)
+                     results_reader=opts.kafka_results_reader,
+                     answers_topic=opts.answers_topic)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -278,7 +283,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         trigger_s=args.trigger, out=args.out, knee=args.knee,
         sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed,
         kafka_bootstrap=args.kafka_bootstrap, writer=args.writer,
-        kafka_results_reader=args.kafka_results_reader)
+        kafka_results_reader=args.kafka_results_reader, answers_topic=args.answers_topic)
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
         raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")

@@ -8,9 +8,11 @@ import argparse
 from sidecar import ENGINES
 from spark_ext.kinds import writer_choices
 
-SCHEMES: tuple[str, ...] = ("engine", "sts", "sts-kafka", "baseline-sync",
+SCHEMES: tuple[str, ...] = ("engine", "sts", "sts-kafka", "sts-kafka-rtm", "baseline-sync",
                              "baseline-concurrent")
-#: What ``sts bench`` runs without ``--schemes`` (``sts-kafka`` needs a broker: name it).
+#: The schemes on Kafka (their own sidecar on the ``kafka`` result channel and a broker).
+KAFKA_SCHEMES: tuple[str, ...] = ("sts-kafka", "sts-kafka-rtm")
+#: What ``sts bench`` runs without ``--schemes`` (the Kafka ones need a broker: name them).
 DEFAULT_SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
 
 DEFAULT_TOKENS_PER_S = 3400.0
@@ -25,7 +27,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds per run")
     p.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
                    help=f"comma-separated subset of {','.join(SCHEMES)} (default: all but "
-                        "sts-kafka)")
+                        "sts-kafka and sts-kafka-rtm: its submit query in Real-Time Mode)")
     p.add_argument("--trigger", type=float, default=0.0,
                    help="micro-batch trigger of every query, seconds (0: as fast as possible)")
     p.add_argument("--out", default="./sts-bench", help="output folder (bench.json, *.png)")
@@ -42,6 +44,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka-bootstrap", metavar="HOST:PORT[,...]",
                    help="sts-kafka: the Kafka cluster to use (default: a local broker the "
                         "bench starts, labelled local)")
+    p.add_argument("--answers-topic", action="store_true",
+                   help="sts-kafka, sts-kafka-rtm: publish the answers on a topic of each run "
+                        "(answers.topic; needs Delta on Spark) and report event -> on answers "
+                        "topic")
     p.add_argument("--kafka-results-reader", choices=["driver", "spark"], default="driver",
                    help="sts-kafka: kafka.results_reader, who reads the result and ack topics "
                         "(default: driver, one consumer on the driver; spark: Spark's Kafka "

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from benchmarks.profiles import TrafficProfile  # noqa: E402
 
 _COLORS = {"engine": "tab:gray", "sts": "tab:green", "sts-kafka": "tab:cyan",
-           "baseline-sync": "tab:red",
+           "sts-kafka-rtm": "tab:purple", "baseline-sync": "tab:red",
            "baseline-concurrent": "tab:orange"}
 
 

@@ -12,7 +12,12 @@ ack rows to a Kafka topic (a sink Real-Time Mode accepts), in each mode at each 
   operator, so ``mapInArrow`` is refused otherwise (``--probe`` shows the errors);
 * ``realtime-small-arrow``: the same with ``spark.sql.execution.arrow.maxRecordsPerBatch``
   set to ``--small-arrow-batch`` (the Python worker receives a batch only when it is full
-  or the real-time batch ends).
+  or the real-time batch ends);
+* ``realtime-intake``: what ``output.triggers.submit: realtime`` runs, with the allowlist
+  check on: the request rows as JSON records to a requests topic
+  (:func:`spark_ext.submit.realtime.request_records`, Spark's Kafka sink), which the
+  sidecar reads itself (``intake.topic``, :mod:`sidecar.kafka_intake`); those records are
+  the acks.
 
 Each event carries the time it was produced (``event_ts``, epoch ms, set just before
 ``produce``), which tagging makes the request's ``enqueue_ts``; the sidecar's result row
@@ -59,7 +64,9 @@ from sidecar.contract import PRIORITY_NAMES, now_ms
 logger = logging.getLogger(__name__)
 
 MODES: tuple[str, ...] = ("microbatch", "realtime", "realtime-small-arrow",
-                          "realtime-small-buffers")
+                          "realtime-small-buffers", "realtime-intake")
+#: The requests topic of ``realtime-intake`` (the sidecar's ``intake.topic``).
+INTAKE_TOPIC = "rtm-requests"
 #: Spark's switch for Real-Time Mode's operator and sink allowlist.
 ALLOWLIST_CHECK = "spark.sql.streaming.realTimeMode.allowlistCheck"
 ARROW_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
@@ -169,6 +176,9 @@ class _EventProducer(threading.Thread):
 
     def run(self) -> None:
         n = int(round(self.rate * self.duration_s))
+        # the producer's connection and the topic's metadata first: else the first events
+        # wait up to a second for them, a cost of this client, not of the path measured
+        self.producer.list_topics(self.topic, timeout=10)
         self.start_ms = now_ms()
         start = time.monotonic()
         for i in range(n):
@@ -206,8 +216,17 @@ def _acks_query(spark, bootstrap: str, topic: str, ack_topic: str, sidecar, chec
     template = PromptTemplate(stable=("You are a support assistant. Reply to the customer's "
                                       "ticket in one short, polite sentence.\n"),
                               dynamic="Ticket: {text}")
-    acks = submit_requests(build_requests(_events(spark, bootstrap, topic), tagging, template),
-                           endpoint, ["event_id"])
+    requests = build_requests(_events(spark, bootstrap, topic), tagging, template)
+    if mode == "realtime-intake":
+        from spark_ext.submit.realtime import request_records
+
+        records = request_records(requests, pipeline_id="rtm-bench", requests_topic=INTAKE_TOPIC,
+                                  acks_topic=ack_topic, attribute_columns=["event_id"])
+        return (records.writeStream.format("kafka").queryName(f"rtm-{mode}")
+                .option("kafka.bootstrap.servers", bootstrap)
+                .option("checkpointLocation", checkpoint)
+                .outputMode("update").trigger(realTime=interval).start())
+    acks = submit_requests(requests, endpoint, ["event_id"])
     value = F.to_json(F.struct("request_id", "event_id", "enqueue_ts", "submit_ts",
                                "accepted", "reason"))
     writer = (acks.select(F.col("request_id").alias("key"), value.alias("value"))
@@ -285,7 +304,7 @@ def run_one(spark, bootstrap: str, sidecar, results_dir: Path, work: Path, mode:
     create_topics(bootstrap, [topic], partitions=opts.partitions)
     create_topics(bootstrap, [ack_topic])
     settings: dict[str, str | None] = {}
-    if mode != "microbatch":
+    if mode not in ("microbatch", "realtime-intake"):
         settings[ALLOWLIST_CHECK] = "false"
     if mode in ("realtime-small-arrow", "realtime-small-buffers"):
         settings[ARROW_BATCH] = str(opts.small_arrow_batch)
@@ -303,6 +322,9 @@ def run_one(spark, bootstrap: str, sidecar, results_dir: Path, work: Path, mode:
             t0 = time.monotonic()
             warm.run()
             _wait_for("warm-up", lambda: set(warm.sent) <= set(received()), query, 180)
+            if mode != "microbatch":  # the first real-time batch's end (a cold JVM's is slow)
+                _wait_for("the first real-time batch", lambda: bool(query.recentProgress),
+                          query, 60)
             warm_up_s = time.monotonic() - t0
             producer = _EventProducer(bootstrap, topic, rate, opts.duration_s, f"ev-{tag}")
             producer.start()
@@ -316,7 +338,9 @@ def run_one(spark, bootstrap: str, sidecar, results_dir: Path, work: Path, mode:
     rows = list(by_event.values())
     since = producer.start_ms - 1000
     on_topic, kind = landing_times(bootstrap, [topic], since_ms=since)
-    acked, ack_kind = landing_times(bootstrap, [ack_topic], since_ms=since)
+    # realtime-intake: the request records are the acks the answers query reads
+    acked, ack_kind = landing_times(
+        bootstrap, [INTAKE_TOPIC if mode == "realtime-intake" else ack_topic], since_ms=since)
     hops = {
         "event -> on events topic": [on_topic[e] - r["enqueue_ts"]
                                      for e, r in by_event.items() if e in on_topic],
@@ -648,13 +672,18 @@ def run(opts: RealtimeOptions) -> dict:
             broker = stack.enter_context(KafkaBroker(work / f"kafka-{uuid.uuid4().hex[:6]}"))
             bootstrap, cluster = broker.bootstrap_servers, "local"
         doc["kafka"] = {"cluster": cluster, "bootstrap_servers": bootstrap}
+        if "realtime-intake" in opts.modes:  # the sidecar subscribes at its start
+            create_topics(bootstrap, [INTAKE_TOPIC], partitions=opts.partitions)
         token = write_token_file(work / "sidecar-token")
         results_dir = work / f"results-{uuid.uuid4().hex[:6]}"
         sidecar = stack.enter_context(SidecarProcess(
             results_dir, ["--config", str(Path(opts.sidecar_config).resolve()),
                           "--engine", "simulated", "--sidecar-id", "rtm-bench",
                           "--set", "results.flush_interval_s=0.05",
-                          "--set", f"server.token_file={json.dumps(str(token))}"],
+                          "--set", f"server.token_file={json.dumps(str(token))}",
+                          *(["--set", f'intake.topic="{INTAKE_TOPIC}"',
+                             "--set", f'intake.bootstrap_servers="{bootstrap}"']
+                            if "realtime-intake" in opts.modes else [])],
             log_path=work / "sidecar.log", stop_timeout_s=30,
             security=ClientSecurity(token_file=str(token))))
         spark = stack.enter_context(session_scope("sts-realtime-mode"))

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.cli_args import SCHEMES
+from benchmarks.cli_args import KAFKA_SCHEMES, SCHEMES
 from benchmarks.generate import GeneratedRequest, events_for_spark
 from benchmarks.kafka_topics import create_topics, landing_times, merge_hops, topic_hops
 from benchmarks.loadgen import send_on_schedule
@@ -71,6 +71,9 @@ class KafkaPath:
     the due files on 2 cores)."""
     results_reader: str = "driver"
     """``kafka.results_reader`` of the pipeline: ``driver`` or ``spark``."""
+    answers_topic: bool = False
+    """Publish each run's answers on a topic of its own (``answers.topic``) and measure
+    when they land there."""
 
 
 @dataclass
@@ -178,6 +181,10 @@ def summarize(scheme: str, rate: float, offered: int, answers: list[Answer], sta
         "llm_answers": sum(a.llm for a in answers),
         "llm_on_time": sum(a.on_time and a.llm for a in answers),
         "goodput": (sum(a.on_time and a.llm for a in answers) / offered) if offered else None,
+        "llm_on_time_by_priority": {p: [sum(a.on_time and a.llm for a in answers
+                                            if a.priority == p),
+                                        sum(a.priority == p for a in answers)]
+                                    for p in PRIORITY_NAMES},
         "on_time_rate": (sum(a.on_time for a in answers) / offered) if offered else None,
         "llm_throughput_per_s": llm_in_window / ctx.duration_s,
         "latency_ms": _percentiles([a.latency_ms for a in answers]),
@@ -236,22 +243,33 @@ def run_engine(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -
 # --------------------------------------------------------------------------- spark schemes
 
 
-def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None = None):
+#: ``sts-kafka-rtm``'s requests topic: the Kafka sidecar's ``intake.topic``.
+RTM_REQUESTS_TOPIC = "sts-bench-requests"
+
+
+def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None = None,
+                     realtime: bool = False):
     """The pipeline of a Spark scheme: events from ``run_dir/events`` and results from
-    the files channel, or, with ``events_topic``, both on Kafka (``ctx.kafka``)."""
+    the files channel, or, with ``events_topic``, both on Kafka (``ctx.kafka``); with
+    ``realtime``, its submit query in Real-Time Mode (the requests on
+    :data:`RTM_REQUESTS_TOPIC`, which the Kafka sidecar reads)."""
     from spark_ext.config import PipelineConfig
 
     cap = max(ctx.profile.output_tokens.cap, 1)
     source: dict = {"path": str(run_dir / "events"), "schema": EVENT_SCHEMA,
                     "options": {"maxFilesPerTrigger": "1000"}}
     client, kafka, channel = ctx.client, {}, "files"
+    answers: dict = {"grace_ms": 1000}
     if events_topic is not None:
         assert ctx.kafka is not None
         client, channel = ctx.kafka.client, "kafka"
         source = {"format": "kafka", "schema": EVENT_SCHEMA,
                   "options": {"subscribe": events_topic, "startingOffsets": "earliest"}}
         kafka = {"kafka": {"bootstrap_servers": ctx.kafka.bootstrap_servers,
-                           "results_reader": ctx.kafka.results_reader}}
+                           "results_reader": ctx.kafka.results_reader,
+                           "requests_topic": RTM_REQUESTS_TOPIC}}
+        if ctx.kafka.answers_topic:
+            answers["topic"] = f"{events_topic}.answers"
     return PipelineConfig.from_dict({
         **kafka,
         "source": source,
@@ -260,22 +278,25 @@ def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None
         "sidecar": {"endpoint": client.target, "results_dir": str(ctx.results_dir),
                     "result_channel": channel,
                     "timeout_s": 30.0, **security_fields(client.security)},
-        "answers": {"grace_ms": 1000},
+        "answers": answers,
         "output": {"out_dir": str(run_dir / "tables"),
                    "checkpoint_dir": str(run_dir / "checkpoints"),
-                   "triggers": {"submit": ctx.trigger_s, "answers": ctx.trigger_s},
+                   "triggers": {"submit": "realtime" if realtime else ctx.trigger_s,
+                                "answers": ctx.trigger_s},
                    "writer": ctx.writer},
     })
 
 
 def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
-            channel: str = "files") -> dict:
+            channel: str = "files", realtime: bool = False) -> dict:
     """The STS pipeline on the replayed events: from a landing folder with the files
     result channel, or (``channel="kafka"``) from a topic of its own with the results on
-    the ``llm.result.{priority}`` topics."""
+    the ``llm.result.{priority}`` topics; ``realtime``: its submit query in Real-Time Mode
+    (``sts-kafka-rtm``: an events topic of one partition, Real-Time Mode holding a task
+    slot per partition and the answers query needing the other)."""
     from spark_ext.pipeline.sts_pipeline import StsPipeline
 
-    scheme = "sts" if channel == "files" else "sts-kafka"
+    scheme = "sts" if channel == "files" else "sts-kafka-rtm" if realtime else "sts-kafka"
     run_dir = ctx.work_dir / f"{scheme}-{rate}"
     client = ctx.client
     topic = None
@@ -283,11 +304,11 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
         assert ctx.kafka is not None, "sts-kafka needs RunContext.kafka"
         client = ctx.kafka.client
         topic = f"sts-bench-events-{rate:g}-{uuid.uuid4().hex[:8]}"
-    config = _pipeline_config(ctx, run_dir, events_topic=topic)
+    config = _pipeline_config(ctx, run_dir, events_topic=topic, realtime=realtime)
     if topic is not None:
         assert ctx.kafka is not None
         topics = create_topics(ctx.kafka.bootstrap_servers, [topic],
-                               partitions=ctx.kafka.event_partitions)
+                               partitions=1 if realtime else ctx.kafka.event_partitions)
         topics |= create_topics(ctx.kafka.bootstrap_servers, config.result_topics())
         sink = KafkaTopicSink(ctx.kafka.bootstrap_servers, topic)
         replayer = _replayer(sink, requests)
@@ -350,6 +371,13 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
                                                 config.result_topics(), since_ms=since)
         result["hops_ms"] = merge_hops(result["hops_ms"],
                                        topic_hops(rows, events_at, results_at))
+        if config.answers.topic is not None:  # keyed by the event's key column
+            published, _ = landing_times(ctx.kafka.bootstrap_servers, [config.answers.topic],
+                                         since_ms=since)
+            result["hops_ms"]["event -> on answers topic"] = percentiles(
+                [published[r["event_id"]] - r["enqueue_ts"] for r in rows
+                 if r["event_id"] in published], (50, 99), digits=1) | {
+                "n": sum(r["event_id"] in published for r in rows)}
         result["kafka"] = {"cluster": ctx.kafka.cluster, "events_topic": topic,
                            "result_topics": config.result_topics(), "topics": topics,
                            "event_partitions": ctx.kafka.event_partitions,
@@ -404,13 +432,14 @@ def run_scheme(scheme: str, ctx: RunContext, rate: float,
     """Run one scheme at one rate, then wait for the sidecar to go idle."""
     if scheme == "engine":
         result = run_engine(ctx, rate, requests)
-    elif scheme in ("sts", "sts-kafka"):
+    elif scheme in ("sts", *KAFKA_SCHEMES):
         result = run_sts(ctx, rate, requests,
-                         channel="kafka" if scheme == "sts-kafka" else "files")
+                         channel="kafka" if scheme in KAFKA_SCHEMES else "files",
+                         realtime=scheme == "sts-kafka-rtm")
     elif scheme in ("baseline-sync", "baseline-concurrent"):
         result = run_baseline(ctx, rate, requests, scheme.removeprefix("baseline-"))
     else:
         raise ValueError(f"unknown scheme {scheme!r}; choose from {SCHEMES}")
-    wait_idle(ctx.kafka.client if scheme == "sts-kafka" and ctx.kafka else ctx.client)
+    wait_idle(ctx.kafka.client if scheme in KAFKA_SCHEMES and ctx.kafka else ctx.client)
     archive_results(ctx.results_dir, ctx.work_dir / "results-archive" / f"{scheme}-{rate}")
     return result

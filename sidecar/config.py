@@ -421,6 +421,70 @@ class ResultChannelConfig:
 
 
 @dataclass
+class IntakeConfig:
+    """Requests read from a Kafka topic, besides the ``SubmitBatch`` RPC (off unless
+    ``topic`` is set): what a pipeline whose submit query runs in Spark's Real-Time Mode
+    writes (``output.triggers.submit: realtime``, the pipeline's ``kafka.requests_topic``),
+    since that mode runs no Python between Kafka and Kafka without delay.
+
+    Each record is one request as JSON (the fields of ``InferenceRequest``, ``priority``
+    by name, ``attributes`` a mapping); it is admitted exactly as ``SubmitBatch`` admits
+    it, a refusal is its request's result row (there is no ack to send back), a record
+    read again after a restart or a rebalance is a duplicate (the de-duplication window)
+    and gets no second row. Sidecars sharing ``group_id`` share the topic's partitions.
+    The intake starts once the sidecar serves and stops first when it drains, so records
+    it has not read stay for the group's other sidecars."""
+
+    topic: str = ""
+    """The requests topic; empty: no Kafka intake."""
+
+    group_id: str = "sts-sidecars"
+    """Kafka consumer group of the sidecars that share the topic."""
+
+    bootstrap_servers: str | None = None
+    """``host:port[,...]`` of the brokers; default: ``results.kafka``'s."""
+
+    max_records: int = 500
+    """Most records admitted in one step (what is already fetched is admitted at once;
+    the intake never waits to fill a step)."""
+
+    consumer: dict[str, Any] = field(default_factory=dict)
+    """Further confluent-kafka consumer settings (``security.protocol``, ``sasl.*``,
+    ``auto.offset.reset``: ``earliest`` by default, so requests written before a sidecar
+    joined are read)."""
+
+    FIXED: ClassVar[dict[str, Any]] = {"enable.auto.offset.store": False,
+                                       "enable.auto.commit": True}
+    """Consumer settings the intake relies on: an offset is stored only once its record
+    was admitted, and stored offsets are committed in the background."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str):
+            raise SidecarConfigError(f"intake.{self.topic=} must be a topic name")
+        if self.topic and not (isinstance(self.group_id, str) and self.group_id.strip()):
+            raise SidecarConfigError(f"intake.{self.group_id=} must be a consumer group name")
+        if not isinstance(self.max_records, int) or isinstance(self.max_records, bool) \
+                or self.max_records < 1:
+            raise SidecarConfigError(f"intake.{self.max_records=} must be a positive integer")
+        if not isinstance(self.consumer, dict):
+            raise SidecarConfigError(f"intake.consumer={self.consumer!r} must be a mapping of "
+                                     "confluent-kafka settings")
+        if fixed := sorted(set(self.consumer) & {*self.FIXED, "group.id"}):
+            raise SidecarConfigError(f"intake.consumer[{fixed[0]!r}] is set by the intake")
+
+    def consumer_settings(self, bootstrap: str) -> dict[str, Any]:
+        """The confluent-kafka consumer configuration.
+
+        Example:
+            >>> s = IntakeConfig(topic="llm.requests").consumer_settings("127.0.0.1:9092")
+            >>> s["group.id"], s["auto.offset.reset"], s["enable.auto.offset.store"]
+            ('sts-sidecars', 'earliest', False)
+        """
+        return {"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest",
+                **self.consumer, **self.FIXED, "group.id": self.group_id}
+
+
+@dataclass
 class OwnerConfig:
     """The process a sidecar serves (``server.owner``): a lazily started sidecar goes
     away with its executor, once that is gone for good (scale-in), after draining."""
@@ -634,9 +698,11 @@ class SidecarConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     results: ResultChannelConfig = field(default_factory=ResultChannelConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    intake: IntakeConfig = field(default_factory=IntakeConfig)
 
     FREE_FORM: ClassVar[frozenset[str]] = frozenset(
-        {"engine.engine_args", "engine.simulated", "results.kafka.producer"})
+        {"engine.engine_args", "engine.simulated", "results.kafka.producer",
+         "intake.consumer"})
     """Mappings that take keys of their own (handed to vLLM, the simulated engine and
     confluent-kafka); every other mapping is a section with fixed keys."""
 
@@ -646,9 +712,18 @@ class SidecarConfig:
 
         Example:
             >>> list(SidecarConfig.sections())
-            ['server', 'engine', 'scheduler', 'results', 'warmup']
+            ['server', 'engine', 'scheduler', 'results', 'warmup', 'intake']
         """
         return {f.name: f.default_factory for f in dataclasses.fields(cls)}  # type: ignore[misc]
+
+    def __post_init__(self) -> None:
+        if self.intake.topic and not self.intake_bootstrap():
+            raise SidecarConfigError("intake.topic needs intake.bootstrap_servers (or "
+                                     "results.kafka.bootstrap_servers)")
+
+    def intake_bootstrap(self) -> str | None:
+        """The brokers of the Kafka intake: its own, else the result channel's."""
+        return self.intake.bootstrap_servers or self.results.kafka.bootstrap()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SidecarConfig":

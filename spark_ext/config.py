@@ -150,6 +150,11 @@ class KafkaConfig:
     the result topics' consumer), e.g. ``security.protocol``, ``sasl.mechanism``,
     ``sasl.username``, ``sasl.password``."""
 
+    requests_topic: str = "llm.requests"
+    """With ``output.triggers.submit: realtime``: the topic the submit query writes each
+    request to (JSON, keyed by ``request_id``; created when missing) and the sidecars
+    read (their ``intake.topic``); the answers query reads it as the requests' acks."""
+
     results_reader: Literal["driver", "spark"] = "driver"
     """Who reads the result topics and the acks topic for the answers query: ``driver``
     (one consumer in the driver's Python process, no Spark task per micro-batch: the
@@ -554,6 +559,24 @@ class FeaturesConfig:
 
 #: Queries with their own trigger (``output.triggers``).
 QUERIES: tuple[str, ...] = ("submit", "answers", "publish")
+#: ``output.triggers.submit`` for Spark's Real-Time Mode (Kafka to Kafka, no micro-batch).
+REALTIME = "realtime"
+
+
+def _trigger(query: str, value: Any) -> float | str:
+    """One ``output.triggers`` value: seconds, or :data:`REALTIME`.
+
+    Example:
+        >>> _trigger("submit", "2"), _trigger("submit", "realtime")
+        (2.0, 'realtime')
+    """
+    if value == REALTIME:
+        return REALTIME
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise PipelineConfigError(f"output.triggers.{query}: {value!r} is neither a number of "
+                                  f"seconds nor {REALTIME!r}") from None
 
 
 @dataclass
@@ -566,9 +589,12 @@ class OutputConfig:
     checkpoint_dir: str = "./sts-demo/checkpoints"
     """Root of the streaming checkpoints (one folder per query)."""
 
-    triggers: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUERIES, 0.0))
+    triggers: dict[str, float | str] = field(
+        default_factory=lambda: dict.fromkeys(QUERIES, 0.0))
     """Processing-time trigger interval per query in seconds; 0 = as fast as
-    possible (the next micro-batch starts as soon as the last one ends)."""
+    possible (the next micro-batch starts as soon as the last one ends). ``submit:
+    realtime`` runs the submit query in Spark's Real-Time Mode instead (Kafka source,
+    ``kafka`` result channel, sidecars reading ``kafka.requests_topic``; docs/realtime.md)."""
 
     records_interval_s: float | None = None
     """How often the ``requests``, ``results``, ``dead_letters`` and ``review_queue``
@@ -627,9 +653,17 @@ class OutputConfig:
         if unknown := set(self.triggers) - set(QUERIES):
             raise PipelineConfigError(f"output.triggers has unknown queries {sorted(unknown)}; "
                                       f"known: {QUERIES}")
-        self.triggers = {q: float(self.triggers.get(q, 0.0)) for q in QUERIES}
-        if min(self.triggers.values()) < 0:
+        if realtime := [q for q, v in self.triggers.items() if v == REALTIME and q != "submit"]:
+            raise PipelineConfigError(f"output.triggers.{realtime[0]}: {REALTIME!r} is for the "
+                                      "submit query only")
+        self.triggers = {q: _trigger(q, self.triggers.get(q, 0.0)) for q in QUERIES}
+        if min(v for v in self.triggers.values() if v != REALTIME) < 0:
             raise PipelineConfigError(f"{self.triggers=} must be >= 0 seconds")
+
+    @property
+    def realtime_submit(self) -> bool:
+        """Whether the submit query runs in Real-Time Mode (``triggers.submit: realtime``)."""
+        return self.triggers["submit"] == REALTIME
 
     def table(self, name: str) -> str:
         """The location of table ``name`` under ``out_dir`` (URIs joined as strings:
@@ -829,8 +863,10 @@ class PipelineConfig:
         if self.sidecar.acks_topic in events | set(self.result_topics()):
             raise PipelineConfigError(f"sidecar.acks_topic {self.sidecar.acks_topic!r} is also "
                                       "an events or results topic: give acks their own topic")
+        if self.output.realtime_submit:
+            self._check_realtime(events)
         if self.answers.topic is not None and self.answers.topic in events | {
-                *self.result_topics(), self.sidecar.acks_topic}:
+                *self.result_topics(), *self.channel_ack_topics()}:
             raise PipelineConfigError(f"answers.topic {self.answers.topic!r} is also an events "
                                       "or results topic: give answers their own topic")
         if self.scaling.enabled and self.sidecar.launch == "lazy" \
@@ -847,6 +883,42 @@ class PipelineConfig:
                         f"{where} names {', '.join(missing)}, which neither source.schema "
                         "has nor an enabled layer adds (L1 routing: priority, route; L2 "
                         "retrieval: kb_context, kb_ids, ...): add it to source.schema")
+
+    def _check_realtime(self, events: set[str]) -> None:
+        """``output.triggers.submit: realtime`` runs only with what Real-Time Mode runs."""
+        why = "output.triggers.submit: realtime"
+        if self.source.format != "kafka":
+            raise PipelineConfigError(f"{why} needs source.format: kafka (Spark's Real-Time "
+                                      f"Mode reads Kafka only; got {self.source.format!r})")
+        if not CHANNEL_SIDES.load(self.sidecar.result_channel).needs_kafka:
+            raise PipelineConfigError(f"{why} needs sidecar.result_channel: kafka (the "
+                                      "sidecars read kafka.requests_topic and answer on topics)")
+        if layers := [name for name, on in (
+                ("routing", self.routing.enabled), ("knowledge_base", self.knowledge_base.enabled),
+                ("features", self.features.enabled)) if on]:
+            raise PipelineConfigError(f"{why}: {layers[0]}.enabled runs Python UDFs or a join "
+                                      "that Real-Time Mode refuses; use micro-batches (a "
+                                      "number of seconds) with L1/L2")
+        if self.rollout.mode != "full":
+            raise PipelineConfigError(f"{why}: rollout.mode {self.rollout.mode!r} needs "
+                                      "micro-batches")
+        if self.kafka.requests_topic in events | {*self.result_topics(),
+                                                  self.sidecar.acks_topic}:
+            raise PipelineConfigError(f"kafka.requests_topic {self.kafka.requests_topic!r} is "
+                                      "also an events, results or acks topic: give requests "
+                                      "their own topic")
+
+    def channel_ack_topics(self) -> list[str]:
+        """The topics whose records the answers query reads as acks: the acks topic, and
+        with a real-time submit query the requests topic too (each request there is
+        submitted; the sidecar's refusal comes as its result row).
+
+        Example:
+            >>> PipelineConfig().channel_ack_topics()
+            ['llm.acks']
+        """
+        return [self.sidecar.acks_topic,
+                *([self.kafka.requests_topic] if self.output.realtime_submit else [])]
 
     def layer_columns(self) -> list[str]:
         """The columns the enabled layers add to the events (L1 routing, L2 retrieval);

@@ -261,10 +261,20 @@ class KafkaBroker:
 
 
 def _cluster_id() -> str:
-    """A KRaft cluster id: a UUID as 22 characters of URL-safe base64."""
+    """A KRaft cluster id: a UUID as 22 characters of URL-safe base64, never starting
+    with ``-`` (the storage tool would read it as an option; Kafka's own
+    ``Uuid.randomUuid`` draws again for the same reason).
+
+    Example:
+        >>> all(not _cluster_id().startswith("-") for _ in range(500))
+        True
+    """
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+           ).startswith("-"):
+        pass
+    return cid
 
 
 def main(argv: list[str] | None = None) -> int:

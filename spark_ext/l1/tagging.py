@@ -79,6 +79,10 @@ def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...]
              .withColumn("model", F.lit(config.model))
              .withColumn("max_tokens", max_tokens.cast("int"))
              .withColumn("temperature", F.lit(config.temperature).cast("float"))
+             # an unknown priority's row goes where the sidecar puts it: the normal topic
              .withColumn("callback_topic", F.replace(F.lit(config.callback_topic),
-                                                     F.lit("{priority}"), F.col("priority"))))
+                                                     F.lit("{priority}"), F.when(
+                                                         F.col("priority").isin(*PRIORITY_NAMES),
+                                                         F.col("priority")).otherwise(
+                                                         F.lit("normal")))))
     return out

@@ -46,9 +46,10 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
 
 from sidecar.contract import now_ms
-from spark_ext.config import QUERIES, TABLE_NAMES, PipelineConfig
+from spark_ext.config import QUERIES, REALTIME, TABLE_NAMES, PipelineConfig
 from spark_ext.exceptions import PipelineConfigError, PipelineFailedError
 from spark_ext.l2 import fast_path
 from spark_ext.l2.prompts import build_requests
@@ -74,7 +75,9 @@ from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE, register_clock_
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
 from spark_ext.submit.ack_channel import AckChannel
-from spark_ext.submit.submission import STREAM_START_WAIT_S, check_sidecars, submit_requests
+from spark_ext.submit.realtime import REALTIME_BATCH, request_records
+from spark_ext.submit.submission import (STREAM_START_WAIT_S, ack_schema, check_sidecars,
+                                         submit_requests)
 from spark_ext.tracing import answer_spans
 from spark_ext.uris import is_local_uri, local_path, resolve_local
 from spark_ext.worker_pool import warm_up_workers
@@ -326,15 +329,35 @@ class StsPipeline:
         """The submit query's output: one ack row per event. With L1/L2, a rollout mode
         or a source with dead letters, every row, with ack columns where it was submitted
         (route ``llm``, the ``llm``/``shadow`` arm) and null ones where it was not."""
+        requests, carried, extra, submit_when = self._to_submit(events)
+        return submit_requests(requests, self.config.sidecar, carried, extra,
+                               traceparent_column=self.config.tagging.traceparent,
+                               submit_when=submit_when, ack_channel=ack_channel,
+                               start_wait_s=STREAM_START_WAIT_S)
+
+    def request_records(self, events: DataFrame | None = None) -> tuple[DataFrame, StructType]:
+        """The real-time submit query's output (``output.triggers.submit: realtime``): a
+        Kafka record per event, the requests to ``kafka.requests_topic`` for the
+        sidecars to read (:mod:`spark_ext.submit.realtime`), and the schema the answers
+        query reads those records with as acks."""
+        requests, carried, extra, submit_when = self._to_submit(events)
+        records = request_records(requests, pipeline_id=self.pipeline_id,
+                                  requests_topic=self.config.kafka.requests_topic,
+                                  acks_topic=self.config.sidecar.acks_topic,
+                                  attribute_columns=carried, extra_attributes=extra,
+                                  submit_when=submit_when)
+        return records, ack_schema(requests)
+
+    def _to_submit(self, events: DataFrame | None
+                   ) -> tuple[DataFrame, list[str], dict[str, str], str | None]:
+        """The request rows, the columns and fixed values each request carries as
+        attributes, and the boolean column that picks the rows to submit (``None``: all)."""
         from pyspark.sql import functions as F
 
         requests = self.requests(events)
         extra = {PIPELINE_ATTRIBUTE: self.pipeline_id}
         if not self._routed():
-            return submit_requests(requests, self.config.sidecar,
-                                   self.config.tagging.key_columns, extra,
-                                   traceparent_column=self.config.tagging.traceparent,
-                                   ack_channel=ack_channel, start_wait_s=STREAM_START_WAIT_S)
+            return requests, list(self.config.tagging.key_columns), extra, None
         chosen = F.col("route") == "llm" if "route" in requests.columns else F.lit(True)
         if DEAD_LETTER_COLUMN in requests.columns:  # not an event: never submitted
             chosen = chosen & F.col(DEAD_LETTER_COLUMN).isNull()
@@ -345,10 +368,7 @@ class StsPipeline:
         carried = [*self.config.tagging.key_columns,
                    *([KB_IDS] if KB_IDS in requests.columns else [])]
         requests = requests.withColumn(SUBMIT_COLUMN, F.coalesce(chosen, F.lit(False)))
-        return submit_requests(requests, self.config.sidecar, carried, extra,
-                               traceparent_column=self.config.tagging.traceparent,
-                               submit_when=SUBMIT_COLUMN, ack_channel=ack_channel,
-                               start_wait_s=STREAM_START_WAIT_S)
+        return requests, carried, extra, SUBMIT_COLUMN
 
     def results(self) -> DataFrame:
         """The sidecar's result rows as a stream (the result channel's reader)."""
@@ -392,15 +412,20 @@ class StsPipeline:
 
     def _start(self, df: DataFrame, query: str, *, foreach: object = None,
                output_mode: str = "append", sink: str | None = None,
-               confs: dict[str, str] | None = None) -> StreamingQuery:
+               confs: dict[str, str] | None = None,
+               options: dict[str, str] | None = None) -> StreamingQuery:
         """Start ``df`` as query ``sts-<query>`` with its checkpoint and trigger, into
-        ``foreach`` (a ``foreachBatch`` function) or the ``sink`` format, with ``confs``
-        set for this query only."""
+        ``foreach`` (a ``foreachBatch`` function) or the ``sink`` format (with
+        ``options``), with ``confs`` set for this query only."""
         writer = (df.writeStream.queryName(f"sts-{query}").outputMode(output_mode)
                   .option("checkpointLocation", self.config.output.checkpoint(query)))
         writer = writer.foreachBatch(foreach) if foreach is not None else writer.format(sink)
+        if options:
+            writer = writer.options(**options)
         seconds = self.config.output.triggers[query]
-        if seconds > 0:
+        if seconds == REALTIME:
+            writer = writer.trigger(realTime=REALTIME_BATCH)
+        elif seconds > 0:
             writer = writer.trigger(processingTime=f"{seconds} seconds")
         # A query copies the session's conf when it starts: set ours for our queries only.
         confs = {_POLLING_DELAY: f"{self.config.output.idle_poll_ms}ms", **(confs or {})}
@@ -448,11 +473,16 @@ class StsPipeline:
         if self.config.sidecar.check_at_start:
             self.check_sidecars()
         self.channel.prepare()  # e.g. the result and acks topics
-        submit_df = self.acks(events, ack_channel=self._ack_channel())
+        realtime = self.config.output.realtime_submit
+        if realtime:  # requests as records on a topic the sidecars read
+            submit_df, acks = self.request_records(events)
+        else:
+            submit_df = self.acks(events, ack_channel=self._ack_channel())
+            acks = submit_df.schema
         keys = tuple(self.config.tagging.key_columns)
         batch_writer = AnswersBatch(
             self.tables, app_id=self._app_id("answers"),
-            record_schemas=record_schemas(submit_df.schema, keys), hint_path=self.hint_path(),
+            record_schemas=record_schemas(acks, keys), hint_path=self.hint_path(),
             counts=self.counts,
             fast_path_stats=self.fast_path_stats if fast_path.enabled(self.config) else None)
         # The answers query first: its sources start Python workers that must connect
@@ -464,15 +494,19 @@ class StsPipeline:
         from spark_ext.session import task_slots
 
         partitions = str(max(1, min(LEDGER_BUCKETS, task_slots(self.spark))))
-        answers = self._start(self.answers_input(submit_df.schema), "answers",
+        answers = self._start(self.answers_input(acks), "answers",
                               foreach=batch_writer, output_mode="update",
                               confs={"spark.sql.shuffle.partitions": partitions})
         try:
             _await_sources(answers)
             if fast_path.enabled(self.config):
                 fast_path.warm_up(self.spark, self.config)
-            self._warm_up_plan()
-            submit = self._start(submit_df, "submit", sink="noop")
+            if realtime:
+                submit = self._start(submit_df, "submit", sink="kafka", output_mode="update",
+                                     options=self.config.kafka.spark_options())
+            else:
+                self._warm_up_plan()
+                submit = self._start(submit_df, "submit", sink="noop")
         except BaseException:
             answers.stop()
             raise

@@ -296,12 +296,13 @@ def read_result_topics(spark: SparkSession, config: PipelineConfig) -> DataFrame
 
 def read_channel_topics(spark: SparkSession, config: PipelineConfig) -> DataFrame:
     """The ``kafka`` channel as the answers query reads it: the result topics and the
-    acks topic (``sidecar.acks_topic``) in one source, each record as ``_topic``,
+    acks topic (``sidecar.acks_topic``; with a real-time submit query also
+    ``kafka.requests_topic``) in one source, each record as ``_topic``,
     ``_key`` and ``_value`` (strings). Topics that do not exist yet are created first
     (:func:`ensure_topics`). ``kafka.results_reader`` picks the reader: ``driver`` (one
     consumer on the driver, :mod:`spark_ext.sources.kafka_channel`) or ``spark``
     (Spark's Kafka source)."""
-    topics = [*config.result_topics(), config.sidecar.acks_topic]
+    topics = [*config.result_topics(), *config.channel_ack_topics()]
     ensure_topics(config.kafka.producer_config(), topics)
     options = {**result_topics_options(config), "subscribe": ",".join(topics)}
     if config.kafka.results_reader == "driver":

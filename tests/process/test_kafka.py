@@ -282,11 +282,15 @@ def _job(config: Path, log: Path):
 
 
 @pytest.mark.slow
-def test_a_killed_job_and_a_restarted_sidecar_lose_no_event(kafka_broker, tmp_path: Path) -> None:
+@pytest.mark.parametrize("submit", [0, "realtime"])
+def test_a_killed_job_and_a_restarted_sidecar_lose_no_event(kafka_broker, tmp_path: Path,
+                                                            submit: float | str) -> None:
     """Events and results on topics, the pipeline as a ``spark-submit`` job: the job is
     killed (``kill -9`` of its process group) mid-run and started again from its
     checkpoints, and the sidecar is restarted between the two: every event has exactly one
-    answer row, and every answer is the model's (no result lost to a fallback)."""
+    answer row, and every answer is the model's (no result lost to a fallback). With the
+    submit query in Real-Time Mode too (the requests on a topic the sidecar reads: the
+    records of the batch the kill cut short are written again, duplicates)."""
     import os
     import signal
 
@@ -295,14 +299,17 @@ def test_a_killed_job_and_a_restarted_sidecar_lose_no_event(kafka_broker, tmp_pa
     bootstrap = kafka_broker.bootstrap_servers
     topic, tag = _topic("events-job"), uuid.uuid4().hex[:6]
     template = f"job-{tag}.result.{{priority}}"
+    requests_topic = f"job-{tag}.requests"
     args = ["--engine", "simulated", "--set", "engine.simulated.step_base_ms=5",
             "--set", 'results.kind="kafka"', "--set", f'results.kafka.bootstrap_servers="{bootstrap}"',
-            "--set", f'results.kafka.topic_template="{template}"']
+            "--set", f'results.kafka.topic_template="{template}"',
+            "--set", f'intake.topic="{requests_topic}"', "--set", f'intake.group_id="g-{tag}"']
     port = None
     config = _config(tmp_path, bootstrap, topic, "127.0.0.1:1",
                      tagging={"callback_topic": template},
                      sidecar={"result_channel": "kafka"})
     data = {name: getattr(config, name).__dict__ for name in ("source", "kafka")}
+    data["kafka"]["requests_topic"] = requests_topic
     with RemoteSidecar(tmp_path / "results", args, log_path=tmp_path / "s1.log") as sidecar:
         port = sidecar.port
         conf = tmp_path / "pipeline.yaml"
@@ -314,7 +321,8 @@ def test_a_killed_job_and_a_restarted_sidecar_lose_no_event(kafka_broker, tmp_pa
                         "results_dir": str(tmp_path / "results")},
             "answers": {"grace_ms": 2000},
             "output": {"out_dir": str(tmp_path / "tables"),
-                       "checkpoint_dir": str(tmp_path / "ckpt"), "writer": "deltalake"}}))
+                       "checkpoint_dir": str(tmp_path / "ckpt"), "writer": "deltalake",
+                       "triggers": {"submit": submit}}}))
         _produce(bootstrap, topic, [_event(i, "a") for i in range(8)])
         job = _job(conf, tmp_path / "job1.log")
         answers = tmp_path / "tables" / "answers"

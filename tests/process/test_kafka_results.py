@@ -213,3 +213,65 @@ def test_an_unreachable_broker_does_not_stop_the_start_and_shows(tmp_path: Path)
     log = sidecar.tail_log(20_000)
     assert "cannot reach the brokers" in log
     assert "closed with 1 result rows not acknowledged" in log, log[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_requests_read_from_a_topic_get_one_row_each(kafka_broker, tmp_path: Path) -> None:
+    """``intake.topic``: requests written as JSON records (what a Real-Time Mode submit
+    query writes) are admitted like ``SubmitBatch``: one row each (``ok``, or the
+    refusal's row: there is no ack), a record read twice (a replay) gets no second row,
+    a record with a field of the wrong type is refused with a row, and a record that
+    names no request is counted and skipped. A second sidecar of the group started after
+    the first stopped reads only what the first had not admitted."""
+    import json
+
+    run = uuid.uuid4().hex[:8]
+    template = f"intake-{run}.{{priority}}"
+    requests_topic = f"intake-{run}.requests"
+    topics = [template.format(priority=p) for p in PRIORITY_NAMES]
+    bootstrap = kafka_broker.bootstrap_servers
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "log_level": 0})
+
+    def write(rows: list[dict | bytes]) -> None:
+        for row in rows:
+            value = row if isinstance(row, bytes) else json.dumps(row).encode()
+            producer.produce(requests_topic, value=value)
+        assert producer.flush(30) == 0
+
+    good = [make_request(f"{run}-{i}", priority=PRIORITY_NAMES[i % 3], max_tokens=4,
+                         attributes={"event_id": f"e-{i}"}) for i in range(6)]
+    late = make_request(f"{run}-late", deadline_in_ms=-1_000)  # already past its deadline
+    wrong = {**make_request(f"{run}-wrong"), "max_tokens": "many"}
+    write([*good, late, wrong, b"not json", json.dumps({"text": "no id"}).encode()])
+    reader = _Reader(bootstrap, topics)
+    args = _sidecar_args(bootstrap, template, "--set", f'intake.topic="{requests_topic}"',
+                         "--set", f'intake.group_id="g-{run}"')
+    try:
+        with RemoteSidecar(tmp_path / "results", args, log_path=tmp_path / "s1.log"):
+            first = reader.until({r["request_id"] for r in [*good, late, wrong]})
+            write([good[0], good[1]])  # read again: duplicates, no second row
+            again = make_request(f"{run}-after", max_tokens=4)
+            write([again])
+            reader.until({again["request_id"]})
+        log = (tmp_path / "s1.log").read_text(encoding="utf-8")
+        assert "Kafka intake stopped: 13 records, 11 admitted, 2 invalid." in log, log[-2000:]
+        # the next sidecar of the group starts where the first stopped
+        second = make_request(f"{run}-second", max_tokens=4)
+        write([second])
+        with RemoteSidecar(tmp_path / "results-2", args, log_path=tmp_path / "s2.log"):
+            reader.until({second["request_id"]})
+        log = (tmp_path / "s2.log").read_text(encoding="utf-8")
+        assert "Kafka intake stopped: 1 records, 1 admitted, 0 invalid." in log, log[-2000:]
+        by_key = reader.until({r["request_id"] for r in [*good, late, wrong, again, second]})
+        assert reader.stored() == len(good) + 4  # one row per request, none for the replays
+    finally:
+        reader.close()
+    for row in good:
+        (_, value), = by_key[row["request_id"]]
+        assert value["status"] == "ok" and value["attributes"] == row["attributes"]
+        assert value["submit_ts"] > 0  # the record's timestamp
+    (_, late_row), = by_key[late["request_id"]]
+    assert (late_row["status"], late_row["reason"]) == ("rejected", "deadline_passed")
+    (_, wrong_row), = by_key[wrong["request_id"]]
+    assert wrong_row["status"] == "rejected"
+    assert len(first) >= 8

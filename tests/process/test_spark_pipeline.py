@@ -148,11 +148,14 @@ def test_template_with_dynamic_fields_first_is_refused() -> None:
 
 def test_request_tagging_is_stable_and_complete(spark, tmp_path: Path) -> None:
     cfg = _config(tmp_path, "unused", "unused")
-    events = spark.createDataFrame(_events("tag", 3) + _events("tag", 1))
+    events = spark.createDataFrame(_events("tag", 3) + _events("tag", 1)
+                                   + [dict(_events("odd", 1)[0], priority="urgent")])
     template = PromptTemplate(stable=cfg.template.stable, dynamic=cfg.template.dynamic)
     rows = build_requests(events, cfg.tagging, template).collect()
     assert rows[0]["request_id"] == rows[3]["request_id"], "replayed event got a new id"
-    assert len({r["request_id"] for r in rows}) == 3
+    assert len({r["request_id"] for r in rows}) == 4
+    # a priority the sidecar refuses: its row goes to the normal topic, which L4 reads
+    assert rows.pop()["callback_topic"] == "llm.result.normal"
     for r in rows:
         assert r["prompt"].startswith(cfg.template.stable) and r["prompt"].endswith(r["text"])
         assert r["deadline_ts"] - r["enqueue_ts"] == cfg.tagging.sla_ms[r["priority"]]

@@ -21,6 +21,8 @@ from sidecar.model_prep import default_model_dir, is_prepared, prepare_default_m
 from sidecar.request_state import ResultRecord
 from sidecar.result_channels import files as files_channel
 from sidecar.result_channels.files import FilesResultChannel
+from spark_ext import PipelineConfig
+from spark_ext.exceptions import PipelineConfigError
 from tests.conftest import CONF
 
 
@@ -226,3 +228,44 @@ def test_a_field_no_event_carries_and_no_layer_adds_is_refused(section, missing)
 
     with pytest.raises(PipelineConfigError, match=f"names {missing}, which neither"):
         PipelineConfig.from_dict(section)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"source": {"format": "json"}}, "needs source.format: kafka"),
+    ({"sidecar": {"result_channel": "files"}}, "needs sidecar.result_channel: kafka"),
+    ({"routing": {"enabled": True}}, "routing.enabled runs Python UDFs"),
+    ({"output": {"triggers": {"answers": "realtime"}}}, "is for the submit query only"),
+    ({"output": {"triggers": {"submit": "real-time"}}}, "is neither a number of seconds nor"),
+    ({"kafka": {"requests_topic": "ev"}}, "kafka.requests_topic 'ev' is also"),
+])
+def test_a_realtime_submit_query_is_refused_where_it_cannot_run(change, message) -> None:
+    """``output.triggers.submit: realtime`` only where Spark's Real-Time Mode runs it."""
+    data = {"source": {"format": "kafka", "options": {"subscribe": "ev"}},
+            "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+            "sidecar": {"result_channel": "kafka"},
+            "output": {"triggers": {"submit": "realtime"}}}
+    for section, values in change.items():
+        data[section] = {**data.get(section, {}), **values}
+    with pytest.raises(PipelineConfigError, match=message):
+        PipelineConfig.from_dict(data)
+
+
+def test_the_kafka_intake_needs_brokers_and_keeps_its_own_consumer_settings() -> None:
+    """``intake.topic`` needs brokers (its own, else the result channel's); the consumer
+    settings the intake's at-least-once reading rests on cannot be changed."""
+    from sidecar.config import SidecarConfig
+    from sidecar.exceptions import SidecarConfigError
+
+    with pytest.raises(SidecarConfigError, match="intake.topic needs intake.bootstrap_servers"):
+        SidecarConfig.from_dict({"intake": {"topic": "llm.requests"}})
+    shared = SidecarConfig.from_dict({"intake": {"topic": "llm.requests"}, "results": {
+        "kind": "kafka", "kafka": {"bootstrap_servers": "b:9092"}}})
+    assert shared.intake_bootstrap() == "b:9092"
+    for key in ("enable.auto.offset.store", "group.id"):
+        with pytest.raises(SidecarConfigError, match=f"intake.consumer\\[{key!r}\\] is set by"):
+            SidecarConfig.from_dict({"intake": {"consumer": {key: "x"}}})
+    settings = SidecarConfig.from_dict({"intake": {
+        "topic": "t", "bootstrap_servers": "a:1", "group_id": "g",
+        "consumer": {"auto.offset.reset": "latest"}}}).intake.consumer_settings("a:1")
+    assert (settings["group.id"], settings["auto.offset.reset"],
+            settings["enable.auto.offset.store"]) == ("g", "latest", False)

@@ -59,7 +59,7 @@ def test_config_checks_name_the_field_and_the_registered_names() -> None:
         with pytest.raises(PipelineConfigError, match=match):
             PipelineConfig.from_dict(data)
     assert list(SidecarConfig.sections()) == ["server", "engine", "scheduler", "results",
-                                              "warmup"]
+                                              "warmup", "intake"]
 
 
 def test_the_factories_build_each_kind(tmp_path: Path) -> None:

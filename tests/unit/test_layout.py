@@ -42,7 +42,8 @@ SIDECAR_LAYERS = (
      "sidecar.dispatch_order"),
     ("sidecar.admission",),
     ("sidecar.scheduler",),
-    ("sidecar.servicer", "sidecar.server", "sidecar.commands", "sidecar.cli"),
+    ("sidecar.servicer", "sidecar.kafka_intake", "sidecar.server", "sidecar.commands",
+     "sidecar.cli"),
 )
 #: Third-party packages the sidecar must not need (it runs alone on GPU nodes).
 NOT_IN_SIDECAR = ("pyspark", "pandas", "numpy", "deltalake", "matplotlib")

@@ -6,7 +6,9 @@ start when they do not exist; the answers query reads both in one source
 The submit tasks produce one JSON record per ack row (keyed by ``request_id``, naming
 its pipeline in ``_sts_pipeline``, since pipelines may share the topic) from an
 idempotent producer that every task of a Python worker shares; a task ends only once
-its records are acknowledged.
+its records are acknowledged. With a real-time submit query the requests topic
+(``kafka.requests_topic``) is read as acks too: its records are the requests, each
+``accepted`` (:mod:`spark_ext.submit.realtime`).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class KafkaChannel(ChannelSide):
     needs_kafka = True
 
     def _topics(self) -> list[str]:
-        return [*self.config.result_topics(), self.config.sidecar.acks_topic]
+        return [*self.config.result_topics(), *self.config.channel_ack_topics()]
 
     def prepare(self) -> None:
         from spark_ext.sources.kafka import ensure_topics
@@ -119,7 +121,7 @@ class KafkaChannel(ChannelSide):
 
         result_schema = spark_schema(RESULT_SCHEMA)
         records = read_channel_topics(spark, self.config)
-        is_ack = F.col("_topic") == F.lit(self.config.sidecar.acks_topic)
+        is_ack = F.col("_topic").isin(*self.config.channel_ack_topics())
         results = records.where(~is_ack).select(
             F.from_json(F.col("_value"), result_schema).alias("r"), "_key", "_value")
         results = results.select(

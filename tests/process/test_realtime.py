@@ -1,0 +1,100 @@
+"""``output.triggers.submit: realtime``: the submit query in Spark's Real-Time Mode writes
+the requests to a topic a real sidecar reads (``intake.topic``), on a real broker; the
+answers query (micro-batches) answers every event once: across a real-time batch
+boundary, a restart of the pipeline, a request the sidecar refuses and a record that is
+not an event. (The config's refusals: ``tests/unit/test_config_and_writer.py``.)"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sidecar.contract import PRIORITY_NAMES
+from spark_ext import PipelineConfig, StsPipeline
+from tests.process.test_kafka import _answers_by_event, _produce, _until_answered
+from tests.utils import RemoteSidecar, wait_until
+
+pytestmark = pytest.mark.timeout(420)
+
+
+def _event(i: int, prefix: str, priority: str | None = None) -> tuple[str, bytes]:
+    event = {"event_id": f"{prefix}-{i}", "text": f"My order {i} is late.",
+             "priority": priority or PRIORITY_NAMES[i % 3]}
+    return event["event_id"], json.dumps(event).encode()
+
+
+def _config(tmp: Path, bootstrap: str, run: str, endpoint: str) -> PipelineConfig:
+    return PipelineConfig.from_dict({
+        "source": {"format": "kafka", "options": {"subscribe": f"rt-{run}.events",
+                                                  "startingOffsets": "earliest"}},
+        "kafka": {"bootstrap_servers": bootstrap, "requests_topic": f"rt-{run}.requests"},
+        "tagging": {"event_time_ms": None, "max_tokens": 8,
+                    "callback_topic": f"rt-{run}.result.{{priority}}",
+                    "sla_ms": {"high": 30_000, "normal": 40_000, "low": 50_000}},
+        "sidecar": {"endpoint": endpoint, "result_channel": "kafka", "timeout_s": 3.0,
+                    "acks_topic": f"rt-{run}.acks"},
+        "answers": {"grace_ms": 1000},
+        "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
+                   "writer": "deltalake", "triggers": {"submit": "realtime"}},
+    })
+
+
+def _submit_batches(pipeline: StsPipeline) -> int:
+    """Real-time batches the submit query finished (its progress reports)."""
+    query = next(q for q in pipeline.queries if q.name == "sts-submit")
+    return len(query.recentProgress)
+
+
+def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker,
+                                                          tmp_path: Path) -> None:
+    run = uuid.uuid4().hex[:8]
+    bootstrap = kafka_broker.bootstrap_servers
+    events = f"rt-{run}.events"
+    first = [_event(i, "first") for i in range(6)]
+    refused = _event(0, "urgent", priority="urgent")  # a priority the sidecar refuses
+    bad = ("bad-json", b"{not json")
+    _produce(bootstrap, events, [*first, refused, bad])
+    sidecar_args = [
+        "--engine", "simulated", "--sidecar-id", "rt", "--set", "engine.simulated.step_base_ms=5",
+        "--set", "results.flush_interval_s=0.05", "--set", 'results.kind="kafka"',
+        "--set", f'results.kafka.bootstrap_servers="{bootstrap}"',
+        "--set", f'results.kafka.topic_template="rt-{run}.result.{{priority}}"',
+        "--set", f'intake.topic="rt-{run}.requests"', "--set", f'intake.group_id="rt-{run}"']
+    with RemoteSidecar(tmp_path / "results", sidecar_args,
+                       log_path=tmp_path / "sidecar.log") as sidecar:
+        config = _config(tmp_path, bootstrap, run, sidecar.target)
+        pipeline = StsPipeline(spark, config)
+        pipeline.start()
+        try:
+            _until_answered(pipeline, len(first) + 1)
+            # a real-time batch ends (its offsets checkpointed) before the next events
+            wait_until(lambda: _submit_batches(pipeline) >= 1, timeout_s=60,
+                       what="a real-time batch boundary")
+            second = [_event(i, "second") for i in range(6)]
+            _produce(bootstrap, events, second)
+            _until_answered(pipeline, len(first) + 1 + len(second))
+        finally:
+            pipeline.stop()
+        third = [_event(i, "third") for i in range(4)]
+        _produce(bootstrap, events, third)  # while no pipeline runs
+        restarted = StsPipeline(spark, config)
+        restarted.start()
+        try:
+            answers = _until_answered(restarted, len(first) + 1 + len(second) + len(third))
+            restarted.process_all_available()
+            answers = _answers_by_event(restarted)  # still one row per event
+        finally:
+            restarted.stop()
+    llm = {k for k, _ in [*first, *second, *third]}
+    assert set(answers) == llm | {refused[0]}
+    assert {answers[k]["answer_source"] for k in llm} == {"llm"}
+    assert answers[refused[0]]["answer_source"] != "llm"
+    assert answers[refused[0]]["status"] == "rejected"
+    dead = restarted.store.read("dead_letters").to_pylist()
+    assert [r["key"] for r in dead] == [b"bad-json"]
+    requests = {r["request_id"]: r for r in restarted.store.read("requests").to_pylist()}
+    assert len(requests) == len(llm) + 1  # the dead letter was never a request
+    assert {r["endpoint"] for r in requests.values()} == {f"kafka:rt-{run}.requests"}
