@@ -14,7 +14,7 @@ import pytest
 
 from sidecar.contract import PRIORITY_NAMES
 from spark_ext import PipelineConfig, StsPipeline
-from tests.process.test_kafka import _answers_by_event, _produce, _until_answered
+from tests.process.test_kafka import _answers_by_event, _produce, _records, _until_answered
 from tests.utils import RemoteSidecar, wait_until
 
 pytestmark = pytest.mark.timeout(420)
@@ -26,7 +26,8 @@ def _event(i: int, prefix: str, priority: str | None = None) -> tuple[str, bytes
     return event["event_id"], json.dumps(event).encode()
 
 
-def _config(tmp: Path, bootstrap: str, run: str, endpoint: str) -> PipelineConfig:
+def _config(tmp: Path, bootstrap: str, run: str, endpoint: str, writer: str,
+            answers_topic: str | None) -> PipelineConfig:
     return PipelineConfig.from_dict({
         "source": {"format": "kafka", "options": {"subscribe": f"rt-{run}.events",
                                                   "startingOffsets": "earliest"}},
@@ -36,9 +37,9 @@ def _config(tmp: Path, bootstrap: str, run: str, endpoint: str) -> PipelineConfi
                     "sla_ms": {"high": 30_000, "normal": 40_000, "low": 50_000}},
         "sidecar": {"endpoint": endpoint, "result_channel": "kafka", "timeout_s": 3.0,
                     "acks_topic": f"rt-{run}.acks"},
-        "answers": {"grace_ms": 1000},
+        "answers": {"grace_ms": 1000, "topic": answers_topic},
         "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
-                   "writer": "deltalake", "triggers": {"submit": "realtime"}},
+                   "writer": writer, "triggers": {"submit": "realtime"}},
     })
 
 
@@ -48,9 +49,12 @@ def _submit_batches(pipeline: StsPipeline) -> int:
     return len(query.recentProgress)
 
 
-def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker,
-                                                          tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer, publish", [("deltalake", False), ("spark", True)])
+def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker, tmp_path: Path,
+                                                          writer: str, publish: bool) -> None:
+    """Each writer (Delta on Spark, the default, with the answers topic too)."""
     run = uuid.uuid4().hex[:8]
+    answers_topic = f"rt-{run}.answers" if publish else None
     bootstrap = kafka_broker.bootstrap_servers
     events = f"rt-{run}.events"
     first = [_event(i, "first") for i in range(6)]
@@ -65,7 +69,7 @@ def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker,
         "--set", f'intake.topic="rt-{run}.requests"', "--set", f'intake.group_id="rt-{run}"']
     with RemoteSidecar(tmp_path / "results", sidecar_args,
                        log_path=tmp_path / "sidecar.log") as sidecar:
-        config = _config(tmp_path, bootstrap, run, sidecar.target)
+        config = _config(tmp_path, bootstrap, run, sidecar.target, writer, answers_topic)
         pipeline = StsPipeline(spark, config)
         pipeline.start()
         try:
@@ -98,3 +102,6 @@ def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker,
     requests = {r["request_id"]: r for r in restarted.store.read("requests").to_pylist()}
     assert len(requests) == len(llm) + 1  # the dead letter was never a request
     assert {r["endpoint"] for r in requests.values()} == {f"kafka:rt-{run}.requests"}
+    if answers_topic is not None:  # one record per event, across the restart too
+        published = _records(bootstrap, answers_topic, len(answers))
+        assert sorted(m.key().decode() for m in published) == sorted(answers)
