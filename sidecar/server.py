@@ -141,9 +141,11 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
 
     Start-up, in order (each step's undo is pushed on one exit stack, so any exit runs
     them in reverse): checks that hold nothing (address, credentials), tracing, the
-    result channel (a bad channel setting fails before the engine loads), the engine
-    (load, warm-up, calibration), the scheduler, ``/metrics``, the gRPC server, the Kafka
-    intake (``intake.topic``), and the drain that runs first on the way out.
+    result channel (a bad channel setting fails before the engine loads), the gRPC
+    server's address (bound, so the engine's own sockets can never take it, and a taken
+    address fails before the engine loads), the engine (load, warm-up, calibration),
+    the scheduler, ``/metrics``, the gRPC services started, the Kafka intake
+    (``intake.topic``), and the drain that runs first on the way out.
 
     Args:
         config: The whole sidecar configuration.
@@ -171,6 +173,9 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
         if tracer is not None:  # unwound after the channel's last rows: their spans go out
             stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         channel = _start_result_channel(stack, config, sidecar_id, tracer)
+        # The address first: an engine that loads for a minute must not take the port
+        # (vLLM's own sockets come from the same ephemeral range) or learn it is taken late.
+        grpc_server = _bind_grpc(stack, config, access)
         engine, warmup_s, samples = await _start_engine(stack, config)
         results = _ResultSink(channel)
         scheduler = Scheduler(engine, results.emit, config.scheduler, sidecar_id,
@@ -180,8 +185,8 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
         scheduler.start()
         stack.push_async_callback(scheduler.abort_all)
         results.metrics = _start_metrics(stack, scheduler, config.server, warmup_s)
-        health_servicer = await _start_grpc(stack, config, scheduler, access, results.metrics,
-                                            started_at=started_at)
+        health_servicer = await _start_grpc(grpc_server, config, scheduler, access,
+                                            results.metrics, started_at=started_at)
 
         async def drain() -> None:
             logger.info("Draining: refusing new requests.")
@@ -303,11 +308,28 @@ def _start_metrics(stack: contextlib.AsyncExitStack, scheduler: Scheduler,
     return metrics
 
 
-async def _start_grpc(stack: contextlib.AsyncExitStack, config: SidecarConfig,
-                      scheduler: Scheduler, access: _Access, metrics: SidecarMetrics, *,
-                      started_at: float) -> health.aio.HealthServicer:
-    """The gRPC server with its interceptors, the inference and health services, bound
-    and started; returns the health servicer (still reporting nothing)."""
+@dataclass
+class _GrpcServer:
+    """The gRPC server, its address bound before the engine loads, and its interceptors
+    (whose refusals the metrics count once they exist)."""
+
+    server: grpc.aio.Server
+    guard: ExceptionInterceptor
+    token_check: TokenInterceptor | None
+    started: bool = False
+
+    async def close(self, grace_s: float) -> None:
+        """Stop serving and free the address. A server bound but never started (the
+        engine did not load) holds its port until it has run: start it, then stop it."""
+        if not self.started:
+            await self.server.start()
+        await self.server.stop(grace_s if self.started else None)
+
+
+def _bind_grpc(stack: contextlib.AsyncExitStack, config: SidecarConfig,
+               access: _Access) -> _GrpcServer:
+    """The gRPC server with its interceptors, its address bound (held from here on; a
+    connection waits until :func:`_start_grpc` serves); stopped on the way out."""
     server_cfg = config.server
     max_bytes = server_cfg.max_message_mb * 1024 * 1024
     guard = ExceptionInterceptor(max_inflight_bytes=server_cfg.max_inflight_rpc_mb * 1024 * 1024)
@@ -315,27 +337,39 @@ async def _start_grpc(stack: contextlib.AsyncExitStack, config: SidecarConfig,
     token_check = TokenInterceptor(access.token) if access.token is not None else None
     if token_check is not None:
         interceptors.insert(0, token_check)
-    metrics.count_refused_calls(lambda: {
-        "unauthenticated": token_check.refused if token_check is not None else 0,
-        "resource_exhausted": guard.refused_for_bytes})
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[("grpc.max_receive_message_length", max_bytes),
                  ("grpc.max_send_message_length", max_bytes)],
     )
+    _bind(server, config, access.credentials)
+    bound = _GrpcServer(server, guard, token_check)
+    stack.push_async_callback(bound.close, server_cfg.shutdown_grace_s)
+    if (socket_path := access.socket_path) is not None:
+        stack.callback(lambda: socket_path.unlink(missing_ok=True))
+    return bound
+
+
+async def _start_grpc(bound: _GrpcServer, config: SidecarConfig, scheduler: Scheduler,
+                      access: _Access, metrics: SidecarMetrics, *,
+                      started_at: float) -> health.aio.HealthServicer:
+    """The inference and health services on the bound server, started; returns the
+    health servicer (still reporting nothing)."""
+    server_cfg, server, token_check = config.server, bound.server, bound.token_check
+    metrics.count_refused_calls(lambda: {
+        "unauthenticated": token_check.refused if token_check is not None else 0,
+        "resource_exhausted": bound.guard.refused_for_bytes})
     inference_pb2_grpc.add_InferenceServicer_to_server(
         InferenceServicer(scheduler, engine_kind=scheduler.engine.kind, started_at=started_at,
                           submit_yield_ms=server_cfg.submit_yield_ms), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    _bind(server, config, access.credentials)
-    stack.push_async_callback(server.stop, server_cfg.shutdown_grace_s)
     socket_path = access.socket_path
     with socket_umask(server_cfg.socket_mode) if socket_path else contextlib.nullcontext():
         await server.start()
+    bound.started = True
     if socket_path is not None:
         restrict_socket(socket_path, server_cfg.socket_mode)
-        stack.callback(lambda: socket_path.unlink(missing_ok=True))
     return health_servicer
 
 

@@ -102,10 +102,15 @@ class FilesResultChannel(ResultChannel):
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Stop the loop and write what is pending (a local write: ``timeout_s`` does
-        not apply). Idempotent."""
+        not apply). Idempotent.
+
+        A write under way is finished first: cancelling the loop in it would stop only
+        the wait (the thread writes on), and the next file, written under the same
+        sequence number, would replace it."""
         if task := self._task:
             self._task = None
-            task.cancel()
+            async with self._write_lock:  # the loop waits for its timer or for this lock
+                task.cancel()
             try:
                 await task
             except asyncio.CancelledError:

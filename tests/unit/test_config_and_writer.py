@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -187,6 +188,45 @@ def test_a_failed_write_keeps_its_seq(tmp_path: Path, monkeypatch: pytest.Monkey
     (only,) = tmp_path.iterdir()
     assert parse_result_file_name(only.name).seq == 0
     assert pq.read_table(only).column("request_id").to_pylist() == ["w0", "w1"]
+
+
+def test_close_during_a_write_loses_no_row(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() while the flush loop is writing a file: that file is finished, the rows
+    pending after it get the next sequence number, and close() returns only once both
+    are on disk. (close() used to cancel the loop mid-write: the write went on in its
+    thread, close() wrote the pending rows under the same name, and whichever rename
+    came last replaced the other file: a result row lost after a SIGTERM drain.)"""
+    real = files_channel.write_parquet_atomically
+    writing, release = threading.Event(), threading.Event()
+
+    def slow_first(table, directory, name):  # type: ignore[no-untyped-def]
+        if not writing.is_set():
+            writing.set()
+            release.wait(10)
+        return real(table, directory, name)
+
+    monkeypatch.setattr(files_channel, "write_parquet_atomically", slow_first)
+    config = ResultChannelConfig(results_dir=str(tmp_path), flush_interval_s=0.01)
+    writer = FilesResultChannel(config, "s0")
+
+    async def run() -> None:
+        writer.start()
+        writer.emit(_record(0))
+        await asyncio.to_thread(writing.wait, 10)  # the loop's write of w0 is under way
+        writer.emit(_record(1))
+        closing = asyncio.create_task(writer.close())
+        # Given time to go wrong (it used to return at once): close() waits for the write.
+        done, _ = await asyncio.wait({closing}, timeout=0.5)
+        assert not done, "close() returned while a file was still being written"
+        release.set()
+        await closing
+
+    asyncio.run(run())
+    files = sorted(tmp_path.iterdir(), key=lambda p: parse_result_file_name(p.name).seq)
+    assert [pq.read_table(f).column("request_id").to_pylist() for f in files] == [
+        ["w0"], ["w1"]]
+    assert (writer.rows_written, writer.files_written) == (2, 2)
 
 
 def test_model_prepare_never_replaces_a_folder_it_did_not_write(tmp_path: Path) -> None:

@@ -130,3 +130,59 @@ def test_a_stop_drains_and_exits_cleanly(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert [r["status"] for r in read_results(tmp_path / "results")] == ["ok"]
+
+
+def test_the_address_is_held_before_the_engine_loads(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar binds its address before the engine starts: vLLM's own sockets come
+    from the ephemeral range, so an engine loading for a minute could otherwise take the
+    port the sidecar was given (seen: ``Address already in use`` after the warm-up)."""
+    import sidecar.server as server
+
+    port = free_port()
+    config = _config(tmp_path, port)
+    held: list[bool] = []
+    start_engine = server._start_engine
+
+    async def engine_after_a_probe(stack, cfg):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+                held.append(False)
+            except OSError:
+                held.append(True)
+        return await start_engine(stack, cfg)
+
+    monkeypatch.setattr(server, "_start_engine", engine_after_a_probe)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(config, stop=stop))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await _wait_health(channel, health_pb2.HealthCheckResponse.SERVING)
+        stop.set()
+        await task
+
+    asyncio.run(main())
+    assert held == [True]
+
+
+def test_an_engine_that_does_not_load_frees_the_address(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The address bound before the engine is given back when the engine fails to load
+    (an embedding process may start the sidecar again on it)."""
+    import sidecar.server as server
+
+    async def engine_fails(stack, cfg):
+        raise RuntimeError("the engine did not load")
+
+    monkeypatch.setattr(server, "_start_engine", engine_fails)
+    port = free_port()
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="did not load"):
+            await serve(_config(tmp_path, port))
+
+    asyncio.run(main())
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))  # free
