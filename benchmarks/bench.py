@@ -71,8 +71,10 @@ class BenchOptions:
     ``<out>/work/kafka`` (labelled ``local`` in the results)."""
     kafka_results_reader: str = "driver"
     """``sts-kafka``: ``kafka.results_reader`` of its pipeline (``driver`` or ``spark``)."""
-    answers_topic: bool = False
-    """The Kafka schemes also publish their answers on a topic (``answers.topic``)."""
+    answers_topic: str | None = None
+    """The Kafka schemes also publish their answers on a topic (``answers.topic``):
+    ``microbatch`` (from the answers' change feed) or ``realtime`` (the model's answers
+    from the result topic in Real-Time Mode, ``output.triggers.publish: realtime``)."""
 
 
 def _machine() -> dict:
@@ -287,5 +289,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
         raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")
+    if opts.answers_topic == "realtime" and "sts-kafka-rtm" in opts.schemes:
+        raise ConfigError("--answers-topic realtime runs with sts-kafka only: with sts-kafka-rtm "
+                          "two real-time queries would hold both task slots of local[2] and "
+                          "the answers query none")
     run_bench(opts)
     return 0

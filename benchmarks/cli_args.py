@@ -44,10 +44,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka-bootstrap", metavar="HOST:PORT[,...]",
                    help="sts-kafka: the Kafka cluster to use (default: a local broker the "
                         "bench starts, labelled local)")
-    p.add_argument("--answers-topic", action="store_true",
+    p.add_argument("--answers-topic", nargs="?", const="microbatch",
+                   choices=["microbatch", "realtime"],
                    help="sts-kafka, sts-kafka-rtm: publish the answers on a topic of each run "
                         "(answers.topic; needs Delta on Spark) and report event -> on answers "
-                        "topic")
+                        "topic; realtime (sts-kafka only: a real-time query holds a task slot "
+                        "per result partition): the model's answers from the result topic in "
+                        "Real-Time Mode (output.triggers.publish: realtime, validation off, "
+                        "one result topic)")
     p.add_argument("--kafka-results-reader", choices=["driver", "spark"], default="driver",
                    help="sts-kafka: kafka.results_reader, who reads the result and ack topics "
                         "(default: driver, one consumer on the driver; spark: Spark's Kafka "

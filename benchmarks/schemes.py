@@ -71,9 +71,9 @@ class KafkaPath:
     the due files on 2 cores)."""
     results_reader: str = "driver"
     """``kafka.results_reader`` of the pipeline: ``driver`` or ``spark``."""
-    answers_topic: bool = False
+    answers_topic: str | None = None
     """Publish each run's answers on a topic of its own (``answers.topic``) and measure
-    when they land there."""
+    when they land there: ``microbatch`` or ``realtime`` (``triggers.publish``)."""
 
 
 @dataclass
@@ -258,8 +258,12 @@ def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None
     cap = max(ctx.profile.output_tokens.cap, 1)
     source: dict = {"path": str(run_dir / "events"), "schema": EVENT_SCHEMA,
                     "options": {"maxFilesPerTrigger": "1000"}}
-    client, kafka, channel = ctx.client, {}, "files"
+    client, kafka, channel, extra = ctx.client, {}, "files", {}
     answers: dict = {"grace_ms": 1000}
+    tagging: dict = {"sla_ms": dict(ctx.profile.sla_ms), "max_tokens": cap,
+                     "max_tokens_column": "max_tokens"}
+    triggers: dict = {"submit": "realtime" if realtime else ctx.trigger_s,
+                      "answers": ctx.trigger_s}
     if events_topic is not None:
         assert ctx.kafka is not None
         client, channel = ctx.kafka.client, "kafka"
@@ -270,19 +274,22 @@ def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None
                            "requests_topic": RTM_REQUESTS_TOPIC}}
         if ctx.kafka.answers_topic:
             answers["topic"] = f"{events_topic}.answers"
+        if ctx.kafka.answers_topic == "realtime":
+            # one result topic of one partition: a real-time query holds a slot per partition
+            tagging["callback_topic"] = f"{events_topic}.results"
+            extra = {"validation": {"enabled": False}}
+            triggers["publish"] = "realtime"
     return PipelineConfig.from_dict({
-        **kafka,
+        **kafka, **extra,
         "source": source,
-        "tagging": {"sla_ms": dict(ctx.profile.sla_ms), "max_tokens": cap,
-                    "max_tokens_column": "max_tokens"},
+        "tagging": tagging,
         "sidecar": {"endpoint": client.target, "results_dir": str(ctx.results_dir),
                     "result_channel": channel,
                     "timeout_s": 30.0, **security_fields(client.security)},
         "answers": answers,
         "output": {"out_dir": str(run_dir / "tables"),
                    "checkpoint_dir": str(run_dir / "checkpoints"),
-                   "triggers": {"submit": "realtime" if realtime else ctx.trigger_s,
-                                "answers": ctx.trigger_s},
+                   "triggers": triggers,
                    "writer": ctx.writer},
     })
 
@@ -374,10 +381,13 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
         if config.answers.topic is not None:  # keyed by the event's key column
             published, _ = landing_times(ctx.kafka.bootstrap_servers, [config.answers.topic],
                                          since_ms=since)
-            result["hops_ms"]["event -> on answers topic"] = percentiles(
-                [published[r["event_id"]] - r["enqueue_ts"] for r in rows
-                 if r["event_id"] in published], (50, 99), digits=1) | {
-                "n": sum(r["event_id"] in published for r in rows)}
+            for hop, source in (("event -> on answers topic", None),
+                                ("event -> on answers topic, the model's", "llm")):
+                on_topic = [r for r in rows if r["event_id"] in published
+                            and source in (None, r["answer_source"])]
+                result["hops_ms"][hop] = percentiles(
+                    [published[r["event_id"]] - r["enqueue_ts"] for r in on_topic], (50, 99),
+                    digits=1) | {"n": len(on_topic)}
         result["kafka"] = {"cluster": ctx.kafka.cluster, "events_topic": topic,
                            "result_topics": config.result_topics(), "topics": topics,
                            "event_partitions": ctx.kafka.event_partitions,

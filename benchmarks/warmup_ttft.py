@@ -10,6 +10,11 @@ Run::
 
     python -m benchmarks.warmup_ttft --mode cold --out benchmarks/results/warmup_ttft
     python -m benchmarks.warmup_ttft --mode warm --out benchmarks/results/warmup_ttft
+
+``--standby-s N`` also measures a warm standby (issue 32): the sidecar left idle, loaded and
+serving, for ``N`` seconds after its requests (what a released executor's sidecar does in
+its orphan window, ``sidecar.orphan_exit_s``), then one more request. A scale-out onto a
+cold GPU waits ``ready_s`` plus its first answer; onto a standby, that answer alone.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ TICKETS = [
 ]
 
 
-def run(mode: str, *, requests: int, max_tokens: int, stable: str) -> dict:
-    """One fresh sidecar; the first ``requests`` TTFTs (ms) and cached prompt tokens."""
+def run(mode: str, *, requests: int, max_tokens: int, stable: str,
+        standby_s: float = 0.0) -> dict:
+    """One fresh sidecar; the first ``requests`` TTFTs (ms) and cached prompt tokens, each
+    answer's wall time from its call, and (``standby_s`` > 0) one more request after the
+    sidecar stood idle that long."""
     from sidecar.contract import now_ms
     from sts_harness.process import SidecarProcess
 
@@ -44,22 +52,32 @@ def run(mode: str, *, requests: int, max_tokens: int, stable: str) -> dict:
                             stop_timeout_s=30) as sidecar:
             ready_s = time.monotonic() - started
             assert sidecar.client is not None
-            rows = []
-            for i in range(requests):
-                now = now_ms()
+
+            def ask(i: int, name: str) -> dict:
+                now, called = now_ms(), time.monotonic()
                 result = sidecar.client.generate({
-                    "request_id": f"{mode}-{i}", "priority": "high", "enqueue_ts": now,
+                    "request_id": f"{mode}-{name}", "priority": "high", "enqueue_ts": now,
                     "deadline_ts": now + 120_000, "max_tokens": max_tokens,
                     "temperature": 0.0,
                     "prompt": f"{stable}\nTicket: {TICKETS[i % len(TICKETS)]}"},
                     timeout_s=120)
-                rows.append({"ttft_ms": round(result.ttft_ms, 1),
-                             "cached_tokens": result.cached_tokens,
-                             "prompt_tokens": result.prompt_tokens, "status": result.status})
+                return {"ttft_ms": round(result.ttft_ms, 1),
+                        "answer_ms": round((time.monotonic() - called) * 1000, 1),
+                        "cached_tokens": result.cached_tokens,
+                        "prompt_tokens": result.prompt_tokens, "status": result.status}
+
+            rows = [ask(i, str(i)) for i in range(requests)]
+            standby = None
+            if standby_s > 0:
+                time.sleep(standby_s)  # the standby: loaded, serving, nothing to do
+                standby = {"idle_s": standby_s, **ask(requests, "after-standby")}
             log = sidecar.tail_log(100_000)
     warmup_line = next((line for line in log.splitlines() if "Warm-up:" in line), None)
     return {"mode": mode, "ready_s": round(ready_s, 1), "warmup_log": warmup_line,
-            "requests": rows}
+            "requests": rows, "standby": standby,
+            "scale_out_to_first_answer_s": {
+                "cold_gpu": round(ready_s + rows[0]["answer_ms"] / 1000, 1) if rows else None,
+                "warm_standby": round(standby["answer_ms"] / 1000, 3) if standby else None}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,14 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["cold", "warm"], required=True)
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--standby-s", type=float, default=0.0,
+                        help="then leave the sidecar idle this long and ask once more")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/warmup_ttft"))
     args = parser.parse_args(argv)
     from spark_ext.config import PipelineConfig
 
     stable = PipelineConfig.from_yaml("conf/pipeline.yaml").template.stable.strip()
-    doc = run(args.mode, requests=args.requests, max_tokens=args.max_tokens, stable=stable)
+    doc = run(args.mode, requests=args.requests, max_tokens=args.max_tokens, stable=stable,
+              standby_s=args.standby_s)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.mode}.json").write_text(json.dumps(doc, indent=2) + "\n",
+    name = f"{args.mode}-standby" if args.standby_s > 0 else args.mode
+    (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n",
                                                 encoding="utf-8")
     print(json.dumps(doc))
     return 0

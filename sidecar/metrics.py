@@ -274,18 +274,19 @@ class _CountsCollector(Collector):
         yield family
 
 
-class _RefusedCallsCollector(Collector):
-    """Calls refused by the interceptors, by reason (plain ints read at scrape time)."""
+class _LabelledCounts(Collector):
+    """One counter family whose values, by one label, are plain ints read at scrape time
+    (counted elsewhere: the interceptors, the Kafka intake's thread)."""
 
-    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, name: str, documentation: str, label: str,
+                 counts: Callable[[], dict[str, int]]) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
         self.counts = counts
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(f"{_PREFIX}_rpc_refused",
-                                     "RPCs refused before admission, by reason.",
-                                     labels=["reason"])
-        for reason, value in sorted(self.counts().items()):
-            family.add_metric([reason], float(value))
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value_of_label, value in sorted(self.counts().items()):
+            family.add_metric([value_of_label], float(value))
         yield family
 
 
@@ -388,7 +389,18 @@ class SidecarMetrics:
         """Export ``sts_sidecar_rpc_refused_total{reason}``: whole calls refused before
         admission (``unauthenticated``: no or a wrong token; ``resource_exhausted``: the
         in-flight byte cap), read from ``counts()`` at scrape time."""
-        self.registry.register(_RefusedCallsCollector(counts))
+        self.registry.register(_LabelledCounts(
+            f"{_PREFIX}_rpc_refused", "RPCs refused before admission, by reason.", "reason",
+            counts))
+
+    def count_intake(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Export ``sts_sidecar_intake_records_total{outcome}``: records the Kafka intake
+        (``intake.topic``) read (``read``), admitted (``admitted``: accepted or refused
+        with a row) and found naming no request (``invalid``), from ``counts()``."""
+        self.registry.register(_LabelledCounts(
+            f"{_PREFIX}_intake_records", "Records of intake.topic, by outcome: read, "
+            "admitted (accepted or refused with a row), invalid (naming no request).",
+            "outcome", counts))
 
     def watch_gpus(self, selection: list[int | str] | None = None) -> Callable[[], None]:
         """Export utilisation and memory of the sidecar's GPUs through NVML

@@ -199,7 +199,7 @@ async def serve(config: SidecarConfig, *, stop: asyncio.Event | None = None,
         await _report_serving(health_servicer, scheduler, config, access, sidecar_id,
                               warmup_s=warmup_s, destination=channel.destination)
         if config.intake.topic:  # stops first on the way out: unread records stay for others
-            _start_intake(stack, config, scheduler)
+            _start_intake(stack, config, scheduler, results.metrics)
         if config.server.owner.file is not None:
             watcher = asyncio.create_task(watch_owner(
                 config.server.owner.file, config.server.owner.exit_after_s, stop,
@@ -277,15 +277,19 @@ class _ResultSink:
 
 
 def _start_intake(stack: contextlib.AsyncExitStack, config: SidecarConfig,
-                  scheduler: Scheduler) -> None:
+                  scheduler: Scheduler, metrics: SidecarMetrics | None) -> None:
     """Read requests from ``intake.topic`` (:mod:`sidecar.kafka_intake`) until the
-    sidecar drains."""
+    sidecar drains; its counts on ``/metrics``."""
     from sidecar.kafka_intake import KafkaIntake
 
     bootstrap = config.intake_bootstrap()
     assert bootstrap is not None  # SidecarConfig checks it
     intake = KafkaIntake(config.intake, bootstrap, scheduler.submit_batch,
                          asyncio.get_running_loop())
+    if metrics is not None:
+        c = intake.counts
+        metrics.count_intake(lambda: {"read": c.records, "admitted": c.admitted,
+                                      "invalid": c.invalid})
     intake.start()
     stack.push_async_callback(intake.stop)
 

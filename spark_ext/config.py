@@ -561,6 +561,11 @@ class FeaturesConfig:
 QUERIES: tuple[str, ...] = ("submit", "answers", "publish")
 #: ``output.triggers.submit`` for Spark's Real-Time Mode (Kafka to Kafka, no micro-batch).
 REALTIME = "realtime"
+#: The queries that can run in Real-Time Mode: the submit query, and the answers topic's
+#: model answers (``publish``: fallbacks and backfills stay on micro-batches).
+REALTIME_QUERIES = ("submit", "publish")
+#: The query (and checkpoint) that publishes the model's answers in Real-Time Mode.
+REALTIME_PUBLISH = "publish-realtime"
 
 
 def _trigger(query: str, value: Any) -> float | str:
@@ -594,7 +599,10 @@ class OutputConfig:
     """Processing-time trigger interval per query in seconds; 0 = as fast as
     possible (the next micro-batch starts as soon as the last one ends). ``submit:
     realtime`` runs the submit query in Spark's Real-Time Mode instead (Kafka source,
-    ``kafka`` result channel, sidecars reading ``kafka.requests_topic``; docs/realtime.md)."""
+    ``kafka`` result channel, sidecars reading ``kafka.requests_topic``); ``publish:
+    realtime`` puts the model's answers on ``answers.topic`` straight from the result
+    topics, in Real-Time Mode, the other answers staying on micro-batches
+    (docs/realtime.md)."""
 
     records_interval_s: float | None = None
     """How often the ``requests``, ``results``, ``dead_letters`` and ``review_queue``
@@ -653,9 +661,10 @@ class OutputConfig:
         if unknown := set(self.triggers) - set(QUERIES):
             raise PipelineConfigError(f"output.triggers has unknown queries {sorted(unknown)}; "
                                       f"known: {QUERIES}")
-        if realtime := [q for q, v in self.triggers.items() if v == REALTIME and q != "submit"]:
+        if realtime := [q for q, v in self.triggers.items()
+                        if v == REALTIME and q not in REALTIME_QUERIES]:
             raise PipelineConfigError(f"output.triggers.{realtime[0]}: {REALTIME!r} is for the "
-                                      "submit query only")
+                                      f"{' and '.join(REALTIME_QUERIES)} queries only")
         self.triggers = {q: _trigger(q, self.triggers.get(q, 0.0)) for q in QUERIES}
         if min(v for v in self.triggers.values() if v != REALTIME) < 0:
             raise PipelineConfigError(f"{self.triggers=} must be >= 0 seconds")
@@ -664,6 +673,12 @@ class OutputConfig:
     def realtime_submit(self) -> bool:
         """Whether the submit query runs in Real-Time Mode (``triggers.submit: realtime``)."""
         return self.triggers["submit"] == REALTIME
+
+    @property
+    def realtime_publish(self) -> bool:
+        """Whether the model's answers reach ``answers.topic`` from the result topics in
+        Real-Time Mode (``triggers.publish: realtime``; docs/realtime.md)."""
+        return self.triggers["publish"] == REALTIME
 
     def table(self, name: str) -> str:
         """The location of table ``name`` under ``out_dir`` (URIs joined as strings:
@@ -865,6 +880,8 @@ class PipelineConfig:
                                       "an events or results topic: give acks their own topic")
         if self.output.realtime_submit:
             self._check_realtime(events)
+        if self.output.realtime_publish:
+            self._check_realtime_publish()
         if self.answers.topic is not None and self.answers.topic in events | {
                 *self.result_topics(), *self.channel_ack_topics()}:
             raise PipelineConfigError(f"answers.topic {self.answers.topic!r} is also an events "
@@ -907,6 +924,28 @@ class PipelineConfig:
             raise PipelineConfigError(f"kafka.requests_topic {self.kafka.requests_topic!r} is "
                                       "also an events, results or acks topic: give requests "
                                       "their own topic")
+
+    def _check_realtime_publish(self) -> None:
+        """``output.triggers.publish: realtime`` publishes the result topics' model answers
+        with built-in expressions only: nothing between a result and its answer may need
+        Python or a table."""
+        why = "output.triggers.publish: realtime"
+        if self.answers.topic is None:
+            raise PipelineConfigError(f"{why} needs answers.topic (the topic it publishes to)")
+        if not CHANNEL_SIDES.load(self.sidecar.result_channel).needs_kafka:
+            raise PipelineConfigError(f"{why} needs sidecar.result_channel: kafka (it reads "
+                                      "the result topics)")
+        if self.validation.enabled:
+            raise PipelineConfigError(f"{why} publishes the model's text as it comes, but "
+                                      "validation runs in Python on micro-batches: set "
+                                      "validation.enabled: false (and check answers "
+                                      "downstream) or publish on micro-batches")
+        if self.rollout.mode != "full":
+            raise PipelineConfigError(f"{why}: rollout.mode {self.rollout.mode!r} decides "
+                                      "which answer is served on micro-batches")
+        if len(self.tagging.key_columns) != 1:
+            raise PipelineConfigError(f"{why} needs one tagging.key_columns column (the "
+                                      f"record key); got {self.tagging.key_columns}")
 
     def channel_ack_topics(self) -> list[str]:
         """The topics whose records the answers query reads as acks: the acks topic, and

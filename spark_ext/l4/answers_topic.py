@@ -18,6 +18,10 @@ and publishes nothing; one whose transaction never committed is aborted by the n
 ``init_transactions`` and published again. Idempotent keys alone would not do: a
 replay would put a second record on the topic, and every consumer would have to
 deduplicate. Consumers read with ``isolation.level=read_committed``.
+
+With ``output.triggers.publish: realtime`` the model's on-time answers are published
+from the result topics in Real-Time Mode instead (:mod:`spark_ext.l4.answers_realtime`,
+at least once); this query publishes the rest.
 """
 
 from __future__ import annotations
@@ -77,6 +81,10 @@ class AnswerPublisher:
     skip_through: int | None = None
     """Changes of table versions up to this one are not published (a new checkpoint's
     start: they were written before the topic was)."""
+    realtime_since: int | None = None
+    """With ``output.triggers.publish: realtime``: the start (epoch ms) of the
+    ``sts-publish-realtime`` run, which publishes the model answers whose result finished
+    from then on; they are not published here (:mod:`spark_ext.l4.answers_realtime`)."""
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -163,6 +171,10 @@ class AnswerPublisher:
         changes = batch.where(F.col("_change_type").isin(*PUBLISHED_CHANGES))
         if self.skip_through is not None:
             changes = changes.where(F.col("_commit_version") > F.lit(self.skip_through))
+        if self.realtime_since is not None:
+            from spark_ext.l4.answers_realtime import published_in_realtime
+
+            changes = changes.where(~published_in_realtime(self.realtime_since))
         changes = changes.drop(*[c for c in _CDF_COLUMNS if c in batch.columns])
         rows = changes.toArrow().to_pylist()
         if rows:

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pyspark.sql.streaming import StreamingQueryListener
 
-from spark_ext.config import QUERIES
+from spark_ext.config import QUERIES, REALTIME_PUBLISH
 from spark_ext.pipeline.scaling import pipeline_scale
 from spark_ext.sources.kafka import kafka_lag
 
@@ -98,7 +98,7 @@ class PipelineMetrics(StreamingQueryListener):
     def __init__(self, pipeline: Any, registry: CollectorRegistry | None = None
                  ) -> None:
         self.registry = registry or CollectorRegistry()
-        self.queries = {f"sts-{q}" for q in QUERIES}
+        self.queries = {f"sts-{q}" for q in (*QUERIES, REALTIME_PUBLISH)}
         labels = ["query"]
         self.input_rate = Gauge(f"{_PREFIX}_input_rows_per_second",
                                 "Input rows/s of the last micro-batch.", labels,

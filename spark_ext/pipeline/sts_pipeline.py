@@ -49,7 +49,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from sidecar.contract import now_ms
-from spark_ext.config import QUERIES, REALTIME, TABLE_NAMES, PipelineConfig
+from spark_ext.config import QUERIES, REALTIME, REALTIME_PUBLISH, TABLE_NAMES, PipelineConfig
 from spark_ext.exceptions import PipelineConfigError, PipelineFailedError
 from spark_ext.l2 import fast_path
 from spark_ext.l2.prompts import build_requests
@@ -413,16 +413,18 @@ class StsPipeline:
     def _start(self, df: DataFrame, query: str, *, foreach: object = None,
                output_mode: str = "append", sink: str | None = None,
                confs: dict[str, str] | None = None,
-               options: dict[str, str] | None = None) -> StreamingQuery:
-        """Start ``df`` as query ``sts-<query>`` with its checkpoint and trigger, into
-        ``foreach`` (a ``foreachBatch`` function) or the ``sink`` format (with
-        ``options``), with ``confs`` set for this query only."""
+               options: dict[str, str] | None = None,
+               trigger: float | str | None = None) -> StreamingQuery:
+        """Start ``df`` as query ``sts-<query>`` with its checkpoint and trigger
+        (``output.triggers``, or ``trigger``), into ``foreach`` (a ``foreachBatch``
+        function) or the ``sink`` format (with ``options``), with ``confs`` set for this
+        query only."""
         writer = (df.writeStream.queryName(f"sts-{query}").outputMode(output_mode)
                   .option("checkpointLocation", self.config.output.checkpoint(query)))
         writer = writer.foreachBatch(foreach) if foreach is not None else writer.format(sink)
         if options:
             writer = writer.options(**options)
-        seconds = self.config.output.triggers[query]
+        seconds = self.config.output.triggers[query] if trigger is None else trigger
         if seconds == REALTIME:
             writer = writer.trigger(realTime=REALTIME_BATCH)
         elif seconds > 0:
@@ -457,7 +459,7 @@ class StsPipeline:
         publish = self.config.answers.topic is not None
         self._check_locations()
         self._set_aside_stale_state()
-        for query in QUERIES if publish else ("submit", "answers"):
+        for query in self._query_names():
             self.runs[query] = query_run(self.spark, self.config.output.checkpoint(query))
         self.tables.create_tables(self.spark)
         # The last version written before this start: the answers topic publishes after it.
@@ -514,6 +516,8 @@ class StsPipeline:
         if publish:
             try:
                 self.queries.append(self._start_publisher(answers_version))
+                if self.config.output.realtime_publish:
+                    self.queries.append(self._start_realtime_publisher())
             except BaseException:
                 for q in self.queries:
                     q.stop()
@@ -567,6 +571,31 @@ class StsPipeline:
                 f"checkpoint {checkpoint} has state but no offsets (a partial reset): "
                 f"remove {state} or the whole checkpoint")
 
+    def _query_names(self) -> tuple[str, ...]:
+        """The queries this pipeline runs (``sts-<name>``, checkpoint ``<name>``)."""
+        if self.config.answers.topic is None:
+            return ("submit", "answers")
+        return (*QUERIES, *([REALTIME_PUBLISH] if self.config.output.realtime_publish else []))
+
+    def _start_realtime_publisher(self) -> StreamingQuery:
+        """``sts-publish-realtime``: the model's answers from the result topics to the
+        answers topic in Real-Time Mode (:mod:`spark_ext.l4.answers_realtime`)."""
+        from spark_ext.l4.answers_realtime import UTC_CONF, model_answers, result_records
+        from spark_ext.sources.kafka import ensure_topics
+
+        config = self.config
+        topics = config.result_topics()
+        ensure_topics(config.kafka.producer_config(), [*topics, config.answers.topic])
+        since = self.runs[REALTIME_PUBLISH].started_ms
+        records = result_records(self.spark, config.kafka.spark_options(), topics,
+                                 since_ms=since)
+        answers = model_answers(records, pipeline_id=self.pipeline_id,
+                                key_column=config.tagging.key_columns[0], since_ms=since)
+        return self._start(answers, REALTIME_PUBLISH, sink="kafka", output_mode="update",
+                           options={**config.kafka.spark_options(),
+                                    "topic": config.answers.topic},
+                           confs=UTC_CONF, trigger=REALTIME)
+
     def _start_publisher(self, answers_version: int) -> StreamingQuery:
         """``sts-publish``: the answers' change feed -> the answers topic
         (:mod:`spark_ext.l4.answers_topic`), from ``answers_version`` (the table's last
@@ -591,9 +620,13 @@ class StsPipeline:
         publisher = AnswerPublisher(
             topic=self.config.answers.topic, producer_config=self.config.kafka.producer_config(),
             run_id=self.runs["publish"].id, key_columns=tuple(self.config.tagging.key_columns),
-            skip_through=skip_through)
+            skip_through=skip_through,
+            realtime_since=self.runs[REALTIME_PUBLISH].started_ms
+            if self.config.output.realtime_publish else None)
         self._publisher = publisher  # closed when the pipeline stops (classic sessions)
-        return self._start(changes, "publish", foreach=publisher)
+        # with a real-time publisher, the rest of the answers as fast as micro-batches go
+        return self._start(changes, "publish", foreach=publisher,
+                           trigger=0.0 if self.config.output.realtime_publish else None)
 
     def _table_version(self, name: str) -> int:
         """The latest version of table ``name`` (Delta's history, through Spark)."""

@@ -246,13 +246,20 @@ def test_requests_read_from_a_topic_get_one_row_each(kafka_broker, tmp_path: Pat
     reader = _Reader(bootstrap, topics)
     args = _sidecar_args(bootstrap, template, "--set", f'intake.topic="{requests_topic}"',
                          "--set", f'intake.group_id="g-{run}"')
+    metrics_port = free_port()
     try:
-        with RemoteSidecar(tmp_path / "results", args, log_path=tmp_path / "s1.log"):
+        with RemoteSidecar(tmp_path / "results", [*args, "--metrics-port", str(metrics_port)],
+                           log_path=tmp_path / "s1.log"):
             first = reader.until({r["request_id"] for r in [*good, late, wrong]})
             write([good[0], good[1]])  # read again: duplicates, no second row
             again = make_request(f"{run}-after", max_tokens=4)
             write([again])
             reader.until({again["request_id"]})
+            scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                             timeout=5).read().decode()
+            for outcome, n in (("read", 13), ("admitted", 11), ("invalid", 2)):
+                assert f'sts_sidecar_intake_records_total{{outcome="{outcome}"}} {n}.0' \
+                    in scraped, scraped
         log = (tmp_path / "s1.log").read_text(encoding="utf-8")
         assert "Kafka intake stopped: 13 records, 11 admitted, 2 invalid." in log, log[-2000:]
         # the next sidecar of the group starts where the first stopped

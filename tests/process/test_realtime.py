@@ -43,6 +43,23 @@ def _config(tmp: Path, bootstrap: str, run: str, endpoint: str, writer: str,
     })
 
 
+def _restarted(spark, config: PipelineConfig, bootstrap: str, topic: str,
+               while_stopped: list[tuple[str, bytes]], expected: int
+               ) -> tuple[StsPipeline, dict[str, dict]]:
+    """``while_stopped`` produced while no pipeline runs, then a pipeline started again
+    from the checkpoints until ``expected`` events are answered; it is stopped and
+    returned with the answers (one row per event)."""
+    _produce(bootstrap, topic, while_stopped)
+    restarted = StsPipeline(spark, config)
+    restarted.start()
+    try:
+        _until_answered(restarted, expected)
+        restarted.process_all_available()
+        return restarted, _answers_by_event(restarted)
+    finally:
+        restarted.stop()
+
+
 def _submit_batches(pipeline: StsPipeline) -> int:
     """Real-time batches the submit query finished (its progress reports)."""
     query = next(q for q in pipeline.queries if q.name == "sts-submit")
@@ -83,15 +100,8 @@ def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker, t
         finally:
             pipeline.stop()
         third = [_event(i, "third") for i in range(4)]
-        _produce(bootstrap, events, third)  # while no pipeline runs
-        restarted = StsPipeline(spark, config)
-        restarted.start()
-        try:
-            answers = _until_answered(restarted, len(first) + 1 + len(second) + len(third))
-            restarted.process_all_available()
-            answers = _answers_by_event(restarted)  # still one row per event
-        finally:
-            restarted.stop()
+        restarted, answers = _restarted(spark, config, bootstrap, events, third,
+                                        len(first) + 1 + len(second) + len(third))
     llm = {k for k, _ in [*first, *second, *third]}
     assert set(answers) == llm | {refused[0]}
     assert {answers[k]["answer_source"] for k in llm} == {"llm"}
@@ -105,3 +115,68 @@ def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker, t
     if answers_topic is not None:  # one record per event, across the restart too
         published = _records(bootstrap, answers_topic, len(answers))
         assert sorted(m.key().decode() for m in published) == sorted(answers)
+
+
+def test_the_models_answers_reach_the_answers_topic_in_real_time(spark, kafka_broker,
+                                                                tmp_path: Path) -> None:
+    """``output.triggers.publish: realtime`` (micro-batch submit, Delta on Spark): the
+    model's answers go from the result topic to the answers topic in Real-Time Mode,
+    stamped with the result's arrival (before the answers table has them); the refused
+    request's fallback still comes from the change feed; across a pipeline restart each
+    event's records all carry one answer from one publisher (a real-time replay may repeat
+    a record; the micro-batch publisher never adds a model answer of its own)."""
+    run = uuid.uuid4().hex[:8]
+    bootstrap = kafka_broker.bootstrap_servers
+    events, results, answers_topic = f"rtp-{run}.events", f"rtp-{run}.results", f"rtp-{run}.answers"
+    first = [_event(i, "first") for i in range(6)]
+    refused = _event(0, "urgent", priority="urgent")
+    _produce(bootstrap, events, [*first, refused])
+    sidecar_args = [
+        "--engine", "simulated", "--sidecar-id", "rtp", "--set", "engine.simulated.step_base_ms=5",
+        "--set", "results.flush_interval_s=0.05", "--set", 'results.kind="kafka"',
+        "--set", f'results.kafka.bootstrap_servers="{bootstrap}"',
+        "--set", f'results.kafka.topic_template="{results}"']
+    with RemoteSidecar(tmp_path / "results", sidecar_args,
+                       log_path=tmp_path / "sidecar.log") as sidecar:
+        # one result topic: a real-time query holds a task slot per partition it reads
+        config = PipelineConfig.from_dict({
+            "source": {"format": "kafka", "options": {"subscribe": events,
+                                                      "startingOffsets": "earliest"}},
+            "kafka": {"bootstrap_servers": bootstrap},
+            "tagging": {"event_time_ms": None, "max_tokens": 8, "callback_topic": results,
+                        "sla_ms": {"high": 30_000, "normal": 40_000, "low": 50_000}},
+            "sidecar": {"endpoint": sidecar.target, "result_channel": "kafka",
+                        "timeout_s": 3.0, "acks_topic": f"rtp-{run}.acks"},
+            "answers": {"grace_ms": 1000, "topic": answers_topic},
+            "validation": {"enabled": False},
+            "output": {"out_dir": str(tmp_path / "out"), "checkpoint_dir": str(tmp_path / "ckpt"),
+                       "writer": "spark", "triggers": {"publish": "realtime"}},
+        })
+        pipeline = StsPipeline(spark, config)
+        pipeline.start()
+        try:
+            assert "sts-publish-realtime" in {q.name for q in pipeline.queries}
+            _until_answered(pipeline, len(first) + 1)
+        finally:
+            pipeline.stop()
+        second = [_event(i, "second") for i in range(4)]
+        _, answers = _restarted(spark, config, bootstrap, events, second,
+                                len(first) + 1 + len(second))
+    llm = {k for k, _ in [*first, *second]}
+    assert set(answers) == llm | {refused[0]}
+    assert {answers[k]["answer_source"] for k in llm} == {"llm"}
+    published: dict[str, list[dict]] = {}
+    for m in _records(bootstrap, answers_topic, len(answers)):
+        published.setdefault(m.key().decode(), []).append(json.loads(m.value()))
+    assert set(published) == set(answers)
+    for key, records in published.items():
+        assert len({json.dumps(r, sort_keys=True) for r in records}) == 1, records
+    fallback = published[refused[0]][0]
+    assert (fallback["answer_source"], fallback["status"]) == ("fallback", "rejected")
+    for key in llm:
+        record, row = published[key][0], answers[key]
+        assert list(record) == list(fallback), "a real-time record has other fields"
+        assert (record["answer_source"], record["answer"]) == ("llm", row["answer"])
+        assert all(record[c] == row[c] for c in ("request_id", "priority", "enqueue_ts",
+                                                  "deadline_ts", "finish_ts", "enqueue_hour"))
+        assert record["answered_ts"] < row["answered_ts"], "published by the change feed"

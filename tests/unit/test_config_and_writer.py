@@ -274,7 +274,7 @@ def test_a_field_no_event_carries_and_no_layer_adds_is_refused(section, missing)
     ({"source": {"format": "json"}}, "needs source.format: kafka"),
     ({"sidecar": {"result_channel": "files"}}, "needs sidecar.result_channel: kafka"),
     ({"routing": {"enabled": True}}, "routing.enabled runs Python UDFs"),
-    ({"output": {"triggers": {"answers": "realtime"}}}, "is for the submit query only"),
+    ({"output": {"triggers": {"answers": "realtime"}}}, "is for the submit and publish queries"),
     ({"output": {"triggers": {"submit": "real-time"}}}, "is neither a number of seconds nor"),
     ({"kafka": {"requests_topic": "ev"}}, "kafka.requests_topic 'ev' is also"),
 ])
@@ -284,6 +284,28 @@ def test_a_realtime_submit_query_is_refused_where_it_cannot_run(change, message)
             "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
             "sidecar": {"result_channel": "kafka"},
             "output": {"triggers": {"submit": "realtime"}}}
+    for section, values in change.items():
+        data[section] = {**data.get(section, {}), **values}
+    with pytest.raises(PipelineConfigError, match=message):
+        PipelineConfig.from_dict(data)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"answers": {"topic": None}}, "needs answers.topic"),
+    ({"sidecar": {"result_channel": "files"}}, "needs sidecar.result_channel: kafka"),
+    ({"validation": {"enabled": True}}, "set validation.enabled: false"),
+    ({"rollout": {"mode": "shadow"}}, "rollout.mode 'shadow' decides"),
+    ({"tagging": {"key_columns": ["event_id", "text"]}}, "needs one tagging.key_columns"),
+])
+def test_a_realtime_publisher_is_refused_where_it_cannot_run(change, message) -> None:
+    """``output.triggers.publish: realtime`` only where the model's text can go from the
+    result topics to the answers topic with built-in expressions."""
+    data = {"source": {"format": "kafka", "options": {"subscribe": "ev"}},
+            "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+            "sidecar": {"result_channel": "kafka"}, "answers": {"topic": "answers"},
+            "validation": {"enabled": False},
+            "output": {"triggers": {"publish": "realtime"}}}
+    assert PipelineConfig.from_dict(data).output.realtime_publish
     for section, values in change.items():
         data[section] = {**data.get(section, {}), **values}
     with pytest.raises(PipelineConfigError, match=message):
