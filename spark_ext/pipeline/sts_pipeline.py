@@ -79,7 +79,7 @@ from spark_ext.submit.realtime import REALTIME_BATCH, request_records
 from spark_ext.submit.submission import (STREAM_START_WAIT_S, ack_schema, check_sidecars,
                                          submit_requests)
 from spark_ext.tracing import answer_spans
-from spark_ext.uris import is_local_uri, local_path, resolve_local
+from spark_ext.uris import is_local_uri, join_uri, local_path, resolve_local
 from spark_ext.worker_pool import warm_up_workers
 
 logger = logging.getLogger(__name__)
@@ -459,8 +459,10 @@ class StsPipeline:
         publish = self.config.answers.topic is not None
         self._check_locations()
         self._set_aside_stale_state()
-        for query in self._query_names():
+        for query in QUERIES if publish else ("submit", "answers"):
             self.runs[query] = query_run(self.spark, self.config.output.checkpoint(query))
+        realtime_since = self._realtime_publish_since() \
+            if publish and self.config.output.realtime_publish else None
         self.tables.create_tables(self.spark)
         # The last version written before this start: the answers topic publishes after it.
         answers_version = self._table_version("answers") if publish else 0
@@ -515,9 +517,9 @@ class StsPipeline:
         self.queries = [submit, answers]
         if publish:
             try:
-                self.queries.append(self._start_publisher(answers_version))
-                if self.config.output.realtime_publish:
-                    self.queries.append(self._start_realtime_publisher())
+                self.queries.append(self._start_publisher(answers_version, realtime_since))
+                if realtime_since is not None:
+                    self.queries.append(self._start_realtime_publisher(realtime_since))
             except BaseException:
                 for q in self.queries:
                     q.stop()
@@ -571,13 +573,22 @@ class StsPipeline:
                 f"checkpoint {checkpoint} has state but no offsets (a partial reset): "
                 f"remove {state} or the whole checkpoint")
 
-    def _query_names(self) -> tuple[str, ...]:
-        """The queries this pipeline runs (``sts-<name>``, checkpoint ``<name>``)."""
-        if self.config.answers.topic is None:
-            return ("submit", "answers")
-        return (*QUERIES, *([REALTIME_PUBLISH] if self.config.output.realtime_publish else []))
+    def _realtime_publish_since(self) -> int:
+        """When ``sts-publish-realtime`` began publishing the model's answers (epoch ms):
+        kept in its checkpoint (``sts-realtime-since``) from its first start on, so that
+        it and ``sts-publish``'s skip keep one instant across restarts. (Not the run id's
+        time: a real-time query writes its first offsets only when its first batch ends,
+        and a pipeline stopped before that would start a new run with a later instant,
+        publishing the answers in between twice.)"""
+        marker = join_uri(self.config.output.checkpoint(REALTIME_PUBLISH), "sts-realtime-since")
+        kept = (storage.read_text(self.spark, marker) or "").strip()
+        if kept.isdigit():
+            return int(kept)
+        since = now_ms()
+        storage.write_text(self.spark, marker, str(since))
+        return since
 
-    def _start_realtime_publisher(self) -> StreamingQuery:
+    def _start_realtime_publisher(self, since: int) -> StreamingQuery:
         """``sts-publish-realtime``: the model's answers from the result topics to the
         answers topic in Real-Time Mode (:mod:`spark_ext.l4.answers_realtime`)."""
         from spark_ext.l4.answers_realtime import UTC_CONF, model_answers, result_records
@@ -586,7 +597,6 @@ class StsPipeline:
         config = self.config
         topics = config.result_topics()
         ensure_topics(config.kafka.producer_config(), [*topics, config.answers.topic])
-        since = self.runs[REALTIME_PUBLISH].started_ms
         records = result_records(self.spark, config.kafka.spark_options(), topics,
                                  since_ms=since)
         answers = model_answers(records, pipeline_id=self.pipeline_id,
@@ -596,10 +606,12 @@ class StsPipeline:
                                     "topic": config.answers.topic},
                            confs=UTC_CONF, trigger=REALTIME)
 
-    def _start_publisher(self, answers_version: int) -> StreamingQuery:
+    def _start_publisher(self, answers_version: int,
+                         realtime_since: int | None = None) -> StreamingQuery:
         """``sts-publish``: the answers' change feed -> the answers topic
         (:mod:`spark_ext.l4.answers_topic`), from ``answers_version`` (the table's last
-        before this start) on; needs Delta on Spark to read the feed."""
+        before this start) on, without the model answers the real-time publisher
+        publishes (from ``realtime_since``); needs Delta on Spark to read the feed."""
         from spark_ext.l4.answers_topic import AnswerPublisher
         from spark_ext.l4.writers.spark import SparkWriter, delta_on_spark
 
@@ -621,8 +633,7 @@ class StsPipeline:
             topic=self.config.answers.topic, producer_config=self.config.kafka.producer_config(),
             run_id=self.runs["publish"].id, key_columns=tuple(self.config.tagging.key_columns),
             skip_through=skip_through,
-            realtime_since=self.runs[REALTIME_PUBLISH].started_ms
-            if self.config.output.realtime_publish else None)
+            realtime_since=realtime_since)
         self._publisher = publisher  # closed when the pipeline stops (classic sessions)
         # with a real-time publisher, the rest of the answers as fast as micro-batches go
         return self._start(changes, "publish", foreach=publisher,

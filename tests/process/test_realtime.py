@@ -117,9 +117,11 @@ def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker, t
         assert sorted(m.key().decode() for m in published) == sorted(answers)
 
 
+@pytest.mark.parametrize("writer", ["spark", "deltalake"])
 def test_the_models_answers_reach_the_answers_topic_in_real_time(spark, kafka_broker,
-                                                                tmp_path: Path) -> None:
-    """``output.triggers.publish: realtime`` (micro-batch submit, Delta on Spark): the
+                                                                tmp_path: Path,
+                                                                writer: str) -> None:
+    """``output.triggers.publish: realtime`` (micro-batch submit, each writer): the
     model's answers go from the result topic to the answers topic in Real-Time Mode,
     stamped with the result's arrival (before the answers table has them); the refused
     request's fallback still comes from the change feed; across a pipeline restart each
@@ -150,7 +152,7 @@ def test_the_models_answers_reach_the_answers_topic_in_real_time(spark, kafka_br
             "answers": {"grace_ms": 1000, "topic": answers_topic},
             "validation": {"enabled": False},
             "output": {"out_dir": str(tmp_path / "out"), "checkpoint_dir": str(tmp_path / "ckpt"),
-                       "writer": "spark", "triggers": {"publish": "realtime"}},
+                       "writer": writer, "triggers": {"publish": "realtime"}},
         })
         pipeline = StsPipeline(spark, config)
         pipeline.start()
