@@ -245,6 +245,8 @@ def run_engine(ctx: RunContext, rate: float, requests: list[GeneratedRequest]) -
 
 #: ``sts-kafka-rtm``'s requests topic: the Kafka sidecar's ``intake.topic``.
 RTM_REQUESTS_TOPIC = "sts-bench-requests"
+#: How long a run waits for its answers on the answers topic before it stops.
+PUBLISH_WAIT_S = 30.0
 
 
 def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None = None,
@@ -357,6 +359,9 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
                 break
             time.sleep(0.5)
         rows = answered()
+        if topic is not None and config.answers.topic is not None:
+            _wait_published(pipeline, ctx.kafka.bootstrap_servers, config.answers.topic,
+                            {r["event_id"] for r in rows}, since_ms=replayer.start_ms - 1000)
         durations = [p["durationMs"].get("triggerExecution", 0) / 1000
                      for q in pipeline.queries if q.name == "sts-submit"
                      for p in q.recentProgress]
@@ -395,6 +400,26 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     result["query_phase_ms_p50"] = query_ms
     result["answers_by_source"] = dict(collections.Counter(r["answer_source"] for r in rows))
     return result
+
+
+def _wait_published(pipeline, bootstrap_servers: str, topic: str, event_ids: set[str], *,
+                    since_ms: int, timeout_s: float = PUBLISH_WAIT_S) -> None:
+    """Wait (at most ``timeout_s``) until every answered event is on the answers topic:
+    the publisher's micro-batch trails the answers table's, so a topic read right after
+    the table is complete misses the answers of its last batch (a measurement of the
+    stop, not a loss)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        published, _ = landing_times(bootstrap_servers, [topic], since_ms=since_ms)
+        missing = len(event_ids - published.keys())
+        if not missing:
+            return
+        if time.monotonic() >= end:
+            logger.warning("%d answered events not on %s after %.0f s.", missing, topic,
+                           timeout_s)
+            return
+        pipeline.check()
+        time.sleep(1.0)
 
 
 def run_baseline(ctx: RunContext, rate: float, requests: list[GeneratedRequest],

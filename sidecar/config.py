@@ -171,6 +171,17 @@ class LoadSheddingConfig:
     new requests of priority ``p`` are shed, and queued ones of ``p`` are shed
     (newest first) until the depth is back under the watermark. Give ``low`` the
     lower watermarks so it is shed first.
+
+    Counts do not say how long a queue is on a given engine (twenty requests are a
+    second on a GPU and half a minute on a slow CPU), so there is also a watermark in
+    outcomes: a pool is *losing* while one of its requests timed out in its queue, or
+    was refused for a wait it could not afford (``queue_delay_exceeded``,
+    ``deadline_infeasible`` where it would have fit with no wait), within the last
+    ``pressure_window_s``. While a higher pool is losing, new requests of the
+    priorities in ``under_pressure`` are shed at once (``overloaded``: the rule fallback
+    now rather than a wait the engine cannot give). A ``low`` request admitted instead
+    would wait out the burst on its longer deadline and be served after it, taking the
+    engine's share that ``normal`` lacked: the order of the pools' answers would invert.
     """
 
     queue_depth: dict[str, int] = field(
@@ -181,7 +192,21 @@ class LoadSheddingConfig:
         default_factory=lambda: {"low": 1 << 30, "normal": 1 << 30})
     """Total prompt plus ``max_tokens`` tokens in the engine at which each priority is shed."""
 
+    under_pressure: list[str] = field(default_factory=list)
+    """Priorities shed at arrival while a higher pool is losing requests to waiting
+    (``[]``, the default: never; ``[low]``: ``low`` while ``normal`` or ``high`` loses;
+    ``[normal, low]``: ``normal`` too while ``high`` loses)."""
+
+    pressure_window_s: float = 5.0
+    """How long after a pool's last request lost to waiting it counts as losing."""
+
     def __post_init__(self) -> None:
+        if bad := [p for p in self.under_pressure if p not in ("low", "normal")]:
+            raise SidecarConfigError(f"load_shedding.under_pressure={self.under_pressure!r}: "
+                                     f"{bad} cannot be shed (only 'normal' and 'low')")
+        if not isinstance(self.pressure_window_s, (int, float)) or self.pressure_window_s <= 0:
+            raise SidecarConfigError(f"load_shedding.pressure_window_s={self.pressure_window_s!r} "
+                                     "must be a positive number of seconds")
         for name in ("queue_depth", "tokens_in_flight"):
             marks = getattr(self, name)
             if set(marks) - {"low", "normal"}:

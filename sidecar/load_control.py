@@ -5,7 +5,8 @@ one request, how long it would wait (:meth:`LoadControl.estimate_wait_s`) and in
 small a batch it must run to meet its deadline (:meth:`LoadControl.fit_batch`);
 whether a queued one should still start (:meth:`LoadControl.infeasible_now`); which
 queued requests a crossed watermark sheds (:meth:`LoadControl.watermark_victims`) and
-which running requests a higher-priority one may preempt (:meth:`LoadControl.victims`).
+which running requests a higher-priority one may preempt (:meth:`LoadControl.victims`);
+and whether a pool is losing requests to waiting (:meth:`LoadControl.losing`).
 It changes nothing itself: the admission step :mod:`sidecar.admission.load` and the
 :class:`~sidecar.scheduler.Scheduler`'s dispatcher act on its answers.
 """
@@ -20,6 +21,9 @@ from sidecar.contract import Priority, RefusalReason, now_ms
 from sidecar.estimator import ServiceRateEstimator
 from sidecar.pools import Pool, Running
 from sidecar.request_state import SidecarRequest
+
+#: Refusals that lose a request to waiting (when it would have fit with no wait).
+_WAIT_LOSSES = frozenset({RefusalReason.QUEUE_DELAY_EXCEEDED, RefusalReason.DEADLINE_INFEASIBLE})
 
 
 class LoadControl:
@@ -351,6 +355,43 @@ class LoadControl:
         return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
                        f"after queueing, {left_ms} ms left is less than the estimated "
                        f"service time {service_s * 1000:.0f} ms")
+
+    def note_refused(self, req: SidecarRequest, reason: RefusalReason, *,
+                     queued: bool = False) -> None:
+        """``req`` was refused at admission or, ``queued``, after waiting in its queue:
+        when for a wait it could not afford (``queue_delay_exceeded``,
+        ``deadline_infeasible``) after waiting, or at admission although it would have
+        fit with no wait, its pool is losing (:meth:`losing`). Not tracked while
+        ``load_shedding.under_pressure`` is off (nothing reads it then)."""
+        if req.priority is None or reason not in _WAIT_LOSSES \
+                or not self.config.load_shedding.under_pressure:
+            return
+        if queued or (self.estimator.warm and self.fit_batch(req, 0.0) is not None):
+            self.pools[req.priority].lost_at = self.estimator.clock()
+
+    def note_timed_out_queued(self, req: SidecarRequest) -> None:
+        """``req``'s deadline passed while it waited in its queue: its pool is losing
+        (tracked only while ``load_shedding.under_pressure`` is on)."""
+        assert req.priority is not None
+        if not self.config.load_shedding.under_pressure:
+            return
+        self.pools[req.priority].lost_at = self.estimator.clock()
+
+    def losing(self, priority: Priority) -> bool:
+        """Whether ``priority``'s pool lost a request to waiting within the last
+        ``load_shedding.pressure_window_s``: the engine does not keep up with it."""
+        lost = self.pools[priority].lost_at
+        return lost is not None and \
+            self.estimator.clock() - lost < self.config.load_shedding.pressure_window_s
+
+    def losing_above(self, priority: Priority) -> Priority | None:
+        """The highest pool above ``priority`` that is :meth:`losing`, or ``None``."""
+        for pool in self._pool_list:
+            if pool.priority >= priority:
+                return None
+            if self.losing(pool.priority):
+                return pool.priority
+        return None
 
     def target_batch(self, req: SidecarRequest) -> int | None:
         """When ``req`` starts now: the largest batch it can meet its deadline in, when

@@ -60,6 +60,10 @@ class Pool:
     shed_by_reason: collections.Counter[str] = field(default_factory=collections.Counter)
     results_by_status: collections.Counter[str] = field(default_factory=collections.Counter)
     met_deadline: int = 0
+    lost_at: float | None = None
+    """Monotonic time the pool last lost a request to waiting (it timed out in the
+    queue, or was refused for a wait it could not afford): see
+    :meth:`~sidecar.load_control.LoadControl.losing`."""
 
     def push(self, req: SidecarRequest) -> None:
         self.queue.append(req)

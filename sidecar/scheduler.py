@@ -253,9 +253,10 @@ class Scheduler:
             self._leave_queue(victim)
             self._shed(victim, refusal)
 
-    def _shed(self, req: SidecarRequest, refusal: Refusal) -> None:
-        """Terminal refusal of a request (at admission or from the queue)."""
+    def _shed(self, req: SidecarRequest, refusal: Refusal, *, queued: bool = False) -> None:
+        """Terminal refusal of a request (at admission, or from the queue: ``queued``)."""
         self.counters.refused(refusal.reason)
+        self.load.note_refused(req, refusal.reason, queued=queued)
         req.error = refusal.detail
         req.reason = refusal.reason
         shed = refusal.reason.status is Status.SHED
@@ -299,6 +300,7 @@ class Scheduler:
             return
         if deadline:
             self._leave_queue(req)
+            self.load.note_timed_out_queued(req)
             req.error = "deadline passed while queued"
             self._finish(req, RequestStatus.FINISHED_EXPIRED, FinishReason.TIMEOUT)
             return
@@ -306,7 +308,7 @@ class Scheduler:
         wait_s = self.load.evidence_wait_s(self.load.estimate_wait_s(req, ahead))
         if refusal := self.load.queue_delay_refusal(req, wait_s, queued=True, ahead=ahead):
             self._leave_queue(req)
-            self._shed(req, refusal)
+            self._shed(req, refusal, queued=True)
         else:  # only its deadline ends its wait now
             self.pools[req.priority].timers[req.request_id] = self._timers.call_later(
                 (req.deadline_ts - now_ms()) / 1000.0, self._expire_queued, req, True)
@@ -334,7 +336,7 @@ class Scheduler:
         pool.queue.popleft()
         self._leave_queue(req)
         if refusal := self.load.infeasible_now(req):
-            self._shed(req, refusal)
+            self._shed(req, refusal, queued=True)
             return False
         self._start(req)
         return True

@@ -4,7 +4,8 @@ In order (first refusal wins; all ``shed``, none of them does engine work):
 
 1. its pool is full (``queue_full``);
 2. load shedding: the total queue depth or the tokens in the engine reached the
-   watermark of its priority (``overloaded``; never ``high``);
+   watermark of its priority, or a higher pool is losing requests to waiting and its
+   priority is in ``load_shedding.under_pressure`` (``overloaded``; never ``high``);
 3. the estimated queue wait is over its pool's ``max_queue_delay_ms`` and the
    deadline does not leave room for that wait plus the measured service time
    (``queue_delay_exceeded``; the rule is
@@ -94,6 +95,9 @@ class LoadCheck:
         if tokens is not None and load.total_tokens_in_flight() >= tokens:
             return (f"{load.total_tokens_in_flight()} tokens in the engine "
                     f"(watermark for {name}: {tokens})")
+        if name in marks.under_pressure and (losing := load.losing_above(priority)) is not None:
+            return (f"pool {losing} lost a request to waiting in the last "
+                    f"{marks.pressure_window_s:g} s (load_shedding.under_pressure)")
         return None
 
     def _fits_with_preemption(self, req: SidecarRequest) -> bool:

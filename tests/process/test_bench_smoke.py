@@ -97,3 +97,38 @@ def test_bench_smoke_sts_kafka_on_a_local_broker(tmp_path: Path, spark) -> None:
     assert hops["on result topic -> answer landed"]["p50"] >= 0
     assert doc["machine"]["reference_cpu_ms"] > 0
     assert spark.sparkContext._jsc is not None, "the bench stopped the caller's session"
+
+
+def test_the_bench_waits_until_the_answered_events_are_on_the_answers_topic(
+        kafka_broker, caplog: pytest.LogCaptureFixture) -> None:
+    """The publisher trails the answers table, so the bench reads the answers topic only
+    once every answered event is on it, or after its wait with a warning."""
+    import logging
+    import time
+
+    from confluent_kafka import Producer
+
+    from benchmarks.kafka_topics import create_topics
+    from benchmarks.schemes import _wait_published
+
+    class Pipeline:  # the stand-in a run checks while it waits
+        checks = 0
+
+        def check(self) -> None:
+            self.checks += 1
+
+    topic = "bench-answers-wait"
+    create_topics(kafka_broker.bootstrap_servers, [topic])
+    since = int(time.time() * 1000) - 1000
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    for key in ("e1", "e2"):
+        producer.produce(topic, key=key, value=b"{}")
+    producer.flush(30)
+    pipeline = Pipeline()
+    _wait_published(pipeline, kafka_broker.bootstrap_servers, topic, {"e1", "e2"},
+                    since_ms=since, timeout_s=30)
+    assert pipeline.checks == 0  # both there: no wait
+    with caplog.at_level(logging.WARNING, logger="benchmarks.schemes"):
+        _wait_published(pipeline, kafka_broker.bootstrap_servers, topic, {"e1", "e3"},
+                        since_ms=since, timeout_s=1)
+    assert "1 answered events not on bench-answers-wait after 1 s" in caplog.text
