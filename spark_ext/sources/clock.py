@@ -27,6 +27,8 @@ from pathlib import Path
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
+from spark_ext.sources.runner_exit import quiet_runner_shutdown
+
 #: Name to use in ``spark.readStream.format(...)``.
 SOURCE_NAME = "sts_clock"
 #: Rows of a tick: one per ledger bucket.
@@ -123,6 +125,7 @@ class ClockDataSource(DataSource):
         return SCHEMA
 
     def simpleStreamReader(self, schema: object) -> SimpleDataSourceStreamReader:
+        quiet_runner_shutdown()
         if not self.options.get("hintPath") and not self.options.get("hintpath"):
             raise ValueError("the sts_clock source needs option('hintPath', <file>)")
         return ClockStreamReader(dict(self.options))

@@ -38,6 +38,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
+from spark_ext.sources.runner_exit import quiet_runner_shutdown
+
 logger = logging.getLogger(__name__)
 
 #: Name to use in ``spark.readStream.format(...)``.
@@ -262,6 +264,7 @@ class KafkaChannelDataSource(DataSource):
         return SCHEMA_DDL
 
     def simpleStreamReader(self, schema: object) -> SimpleDataSourceStreamReader:
+        quiet_runner_shutdown()
         options = {k.lower(): v for k, v in self.options.items()}
         topics = [t.strip() for t in options.get("topics", "").split(",") if t.strip()]
         if not topics:

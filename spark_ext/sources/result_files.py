@@ -44,6 +44,7 @@ from pyspark.sql.datasource import (
 )
 
 from sidecar.contract import RESULT_SCHEMA, parse_result_file_name
+from spark_ext.sources.runner_exit import quiet_runner_shutdown
 from spark_ext.worker_gc import freeze_loaded
 
 logger = logging.getLogger(__name__)
@@ -356,6 +357,7 @@ class ResultsDataSource(DataSource):
         return to_arrow_schema(schema)
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
+        quiet_runner_shutdown()
         options = self._options()
         if options.get("reader", "simple") == "simple":
             # Spark then asks for simpleStreamReader.
@@ -364,6 +366,7 @@ class ResultsDataSource(DataSource):
         return ResultsStreamReader(options, self._expected(schema))
 
     def simpleStreamReader(self, schema: object) -> SimpleDataSourceStreamReader:
+        quiet_runner_shutdown()
         return ResultsSimpleStreamReader(self._options(), self._expected(schema))
 
 

@@ -36,6 +36,10 @@ ROWS, TASKS = 48, 8
 #: ``max_tokens`` of the round acknowledged just before an executor is released: about
 #: 5 s each on the simulated engine, so its sidecar still holds work when it goes.
 DRAIN_MAX_TOKENS = 400
+#: Requests in that round: about 8 per sidecar, so the queued ones (`low` runs one at a
+#: time) wait well within their pools' queue delay and deadline on a slow machine too
+#: (with 24 per sidecar, the eighth `low` one could be refused as ``queue_delay_exceeded``).
+DRAIN_ROWS = 16
 #: How long a released executor's sidecar waits for a replacement before it drains.
 ORPHAN_EXIT_S = 2.0
 REQUEST_DDL = ("request_id string, trace_id string, priority string, enqueue_ts long, "
@@ -105,11 +109,11 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
     from sts_harness.result_check import wait_for_results
 
     pids = _sidecar_pids(run)
-    requests = (spark.range(ROWS, numPartitions=TASKS)
+    requests = (spark.range(DRAIN_ROWS, numPartitions=TASKS)
                 .mapInArrow(lambda it: _requests(it, 3, max_tokens=DRAIN_MAX_TOKENS),
                             REQUEST_DDL))
     acks = submit_requests(requests, config, attribute_columns=["task_gpu"]) \
-        .select("request_id", "accepted").toArrow().to_pylist()
+        .select("request_id", "accepted", "reason").toArrow().to_pylist()
     executors = SparkExecutors(spark)
     before = executors.current()
     released_at = time.monotonic()
