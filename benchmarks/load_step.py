@@ -184,7 +184,8 @@ def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
     (work / _MARKER).touch()
     sts_pipeline.SCALE_CHECK_INTERVAL_S = args.check_interval
     spark = gpu_cluster_session(work, workers=workers, cores=2, memory_mb=1024,
-                                task_gpu_amount=0.5, app_name=f"sts-load-step-{name}")
+                                task_gpu_amount=0.5, app_name=f"sts-load-step-{name}",
+                                conf=spark_conf(args.spark_conf))
     pipeline = None
     try:
         until_executors(spark, workers, timeout_s=180)
@@ -227,7 +228,8 @@ def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
         rows = [r for r in pipeline.store.read("answers", ANSWER_COLUMNS).to_pylist()
                 if not r["event_id"].startswith(WARM_UP_PREFIX)]
         return summarize(name, schedule, replayer.start_ms, replayer.offered, rows,
-                         serving_since(work / "run"), samples, scale_log.actions)
+                         serving_since(work / "run"), samples, scale_log.actions) \
+            | {"spark_conf": spark_conf(args.spark_conf)}
     finally:
         if pipeline is not None:
             pipeline.stop()
@@ -337,6 +339,25 @@ def _table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def spark_conf(pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings as Spark settings.
+
+    Example:
+        >>> spark_conf(["spark.speculation=true", "spark.speculation.multiplier=2"])
+        {'spark.speculation': 'true', 'spark.speculation.multiplier': '2'}
+
+    Raises:
+        SystemExit: a pair without ``=``.
+    """
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--spark-conf wants KEY=VALUE, not {pair!r}")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.load_step", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -361,6 +382,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--writer", default="deltalake", choices=writer_choices(),
                    help="output.writer (default deltalake: the driver writes, which leaves "
                         "the two cores to the executors)")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for every run's session (repeatable), e.g. "
+                        "spark.speculation=true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load-step"))
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sts-load-step"),

@@ -20,6 +20,21 @@ from sidecar.request_state import RequestStatus, SidecarRequest
 from sidecar.timers import TimerEntry
 
 
+def slot_free_by(now: float, service_s: float, deadline_in_s: float) -> float:
+    """When a request dispatched at ``now`` (monotonic seconds) leaves its engine slot:
+    after its estimated ``service_s``, or at its deadline, ``deadline_in_s`` from now, if
+    that comes first (it is aborted then, or becomes late work that on-time work may
+    abort: either way its slot is free to an on-time request).
+
+    Example:
+        >>> slot_free_by(100.0, 30.0, 5.0), slot_free_by(100.0, 30.0, 60.0)
+        (105.0, 130.0)
+        >>> slot_free_by(100.0, 30.0, -2.0)  # dispatched past its deadline
+        100.0
+    """
+    return now + min(service_s, max(deadline_in_s, 0.0))
+
+
 @dataclass(slots=True)
 class Running:
     """A request inside the engine, as the scheduler sees it."""
@@ -28,7 +43,8 @@ class Running:
     started: float
     """Monotonic time it was dispatched."""
     expected_end: float
-    """Monotonic time it is expected to finish (dispatch + estimated service)."""
+    """Monotonic time it is expected to leave its slot (:func:`slot_free_by`: dispatch +
+    estimated service, or its deadline if sooner)."""
     preemptions: int = 0
     """How many times it was preempted before this run."""
     target_batch: int | None = None

@@ -64,7 +64,7 @@ from sidecar.estimator import ServiceRateEstimator
 from sidecar.exceptions import EngineDeadError
 from sidecar.lifecycle import Lifecycle
 from sidecar.load_control import LoadControl
-from sidecar.pools import Pool, Running
+from sidecar.pools import Pool, Running, slot_free_by
 from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
 from sidecar.scale_signal import ScaleSignal, scale_signal
 from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
@@ -366,7 +366,8 @@ class Scheduler:
         batch = target or min(self.slots.count + 1, self.config.max_in_flight)
         service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                              batch=batch)
-        pool.started(req, Running(req, now, now + service_s,
+        ends = slot_free_by(now, service_s, (req.deadline_ts - now_ms()) / 1000.0)
+        pool.started(req, Running(req, now, ends,
                                   self._preemptions.get(rid, 0) if self._preemptions else 0,
                                   target))
         if target is not None:  # it needs a small batch: make room now, late work first

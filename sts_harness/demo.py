@@ -24,7 +24,7 @@ from pathlib import Path
 from sidecar import percentiles
 from sidecar.contract import PRIORITY_NAMES
 from spark_ext.kinds import CHANNEL_SIDES
-from sts_harness.demo_sizing import DEFAULT_FACTOR, DemoSizing, sizing_from_stats
+from sts_harness.demo_sizing import DEFAULT_FACTOR, DemoSizing, LivePace, sizing_from_stats
 from sts_harness.hops import format_hops, hop_latencies
 from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
 
@@ -152,9 +152,11 @@ def load_samples() -> list[dict]:
 
 
 def sample_replayer(sink: Path | FolderSink | KafkaTopicSink, rate: float, duration: float,
-                    samples: list[dict], *, unique_ids: bool = False) -> EventReplayer:
+                    samples: list[dict], *, unique_ids: bool = False,
+                    pace: Callable[[], float] | None = None) -> EventReplayer:
     """Replay ``samples`` (cycled) into ``sink`` (a landing folder or a Kafka topic) at
-    ``rate`` events/s for ``duration`` s.
+    ``rate`` events/s for ``duration`` s (with ``pace``, at that share of ``rate``: see
+    :class:`~sts_harness.demo_sizing.LivePace`).
 
     Event ids are ``<ticket>-<n>``; with ``unique_ids`` the run's start (epoch ms) is part
     of them too, so a second run is new events, not replays of the first (request ids
@@ -170,7 +172,8 @@ def sample_replayer(sink: Path | FolderSink | KafkaTopicSink, rate: float, durat
                  "customer_id": s.get("customer_id")}
                 for i, (at, s) in enumerate(zip(arrivals, cycle))]
 
-    return EventReplayer(sink, arrivals, make_events)
+    return EventReplayer(sink, arrivals, make_events, pace=pace,
+                         until_s=duration if pace is not None else None)
 
 
 def spark_cpus(engine: str) -> set[int] | None:
@@ -434,7 +437,8 @@ def run_demo(opts: DemoOptions) -> dict:
                 ensure_topics({"bootstrap.servers": bootstrap}, [DEMO_TOPIC])
         sink = (KafkaTopicSink(bootstrap, DEMO_TOPIC) if bootstrap
                 else FolderSink(out / "events"))
-        replayer = sample_replayer(sink, opts.rate, opts.duration, load_samples())
+        pace = LivePace(sizing, sidecar.client.stats) if sizing is not None else None
+        replayer = sample_replayer(sink, opts.rate, opts.duration, load_samples(), pace=pace)
         with demo_step("Starting the queries", log,
                        expect=("MiniLM and Milvus load in the Spark workers, the plans are "
                                "compiled, 30-90 s") if opts.l1l2 else "15-30 s"):
@@ -448,7 +452,7 @@ def run_demo(opts: DemoOptions) -> dict:
         if failure is None:
             pipeline.process_all_available()
         summary = _demo_summary(opts, out, sidecar, pipeline, replayer, wall_s)
-        summary["sizing"] = sizing_summary(sizing, summary, opts.duration)
+        summary["sizing"] = sizing_summary(sizing, summary, opts.duration, pace)
         summary["incomplete"] = failure
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         return summary
@@ -477,15 +481,21 @@ def sized(opts: DemoOptions, client) -> tuple[DemoOptions, DemoSizing | None]:
     return dataclasses.replace(opts, rate=sizing.rate, max_tokens=sizing.max_tokens), sizing
 
 
-def sizing_summary(sizing: DemoSizing | None, summary: dict, duration_s: float) -> dict | None:
+def sizing_summary(sizing: DemoSizing | None, summary: dict, duration_s: float,
+                   pace: LivePace | None = None) -> dict | None:
     """The sizing's figures and the overload the run got: the events left to the model
-    per second of replay over the measured capacity."""
+    per second of replay over the calibrated capacity, and (with ``pace``) over the
+    capacity the engine delivered beside Spark (the calibrated one x the mean pace)."""
     if sizing is None:
         return None
     to_llm = sum(v.get("to_llm") or 0 for v in summary["llm_within_sla"].values())
     offered = to_llm / duration_s
-    return sizing.as_dict() | {"model_requests_per_s": round(offered, 3),
-                               "offered_factor": round(offered / sizing.capacity_rps, 2)}
+    paced = pace.summary() if pace is not None else {}
+    delivered = sizing.capacity_rps * (paced.get("pace_mean") or 1.0)
+    return sizing.as_dict() | paced | {
+        "model_requests_per_s": round(offered, 3),
+        "offered_factor": round(offered / sizing.capacity_rps, 2),
+        "offered_factor_delivered": round(offered / delivered, 2)}
 
 
 def _kafka_cluster(stack: contextlib.ExitStack, opts: DemoOptions, out: Path) -> str:
@@ -702,6 +712,10 @@ def print_summary(summary: dict) -> None:
         print(f"overload             {s['model_requests_per_s']:.2f} model requests/s offered, "
               f"{s['offered_factor']:g}x the measured capacity {s['capacity_rps']:.2f}/s "
               f"(sized for {s['factor']:g}x; answers of {s['max_tokens']} tokens)")
+        if s.get("pace_mean") is not None:
+            print(f"pace                 the engine delivered {s['pace_mean']:.0%} of its "
+                  f"calibrated speed beside Spark (lowest {s['pace_min']:.0%}): "
+                  f"{s['offered_factor_delivered']:g}x what it delivered")
     print(f"answers              {summary['answers']}  by source {summary['answers_by_source']}")
     print(f"fallbacks by cause   {summary['fallbacks_by_reason'] or '{}'}")
     if (r := summary.get("retrieval")) is not None:

@@ -73,6 +73,41 @@ class KafkaTopicSink:
         self._producer.flush()
 
 
+class PacedClock:
+    """A schedule's clock that runs at a changing pace: between two readings of the real
+    clock it advances by the real time passed times the pace read then.
+
+    Example:
+        >>> c = PacedClock()
+        >>> c.advance(2.0, 1.0); c.advance(4.0, 0.5); c.virtual_s
+        3.0
+        >>> c.real_s(2.5)  # scheduled at 2.5 s: reached 1 s into the half-speed part
+        3.0
+    """
+
+    def __init__(self) -> None:
+        self.virtual_s = 0.0
+        self._real_s = 0.0
+        self._pace = 1.0
+        self._last_virtual = 0.0
+        self._last_real = 0.0
+
+    def advance(self, real_s: float, pace: float) -> None:
+        """The real clock reads ``real_s`` (seconds since the start); ``pace`` in (0, 1]
+        holds from the last reading to this one."""
+        if not 0.0 < pace <= 1.0:
+            raise ValueError(f"pace must be in (0, 1], not {pace}")
+        self._last_virtual = self.virtual_s
+        self._last_real = self._real_s
+        self.virtual_s += (real_s - self._real_s) * pace
+        self._real_s, self._pace = real_s, pace
+
+    def real_s(self, virtual_s: float) -> float:
+        """When the schedule's ``virtual_s`` was reached on the real clock (within the
+        last advance; earlier times at the last pace)."""
+        return self._last_real + max(virtual_s - self._last_virtual, 0.0) / self._pace
+
+
 class EventReplayer(threading.Thread):
     """Delivers events to ``sink`` as they fall due.
 
@@ -83,6 +118,11 @@ class EventReplayer(threading.Thread):
         make_events: Called once at the start with the start time (epoch ms); returns
             the event rows, one per arrival, in the same order.
         tick_s: How often due events are written (default: the sink's ``tick_s``).
+        pace: Called every tick: how fast the schedule runs now, in (0, 1] (1: as
+            scheduled; 0.5: the rest of it half as fast). With it each event's
+            ``event_ts`` is the time it is actually offered, and the replay ends after
+            ``until_s`` seconds with whatever is due by then (see :class:`PacedClock`).
+        until_s: With ``pace``: how long the replay runs at most (seconds).
 
     Attributes:
         start_ms: Epoch ms of arrival time 0 (set when the thread starts).
@@ -90,7 +130,8 @@ class EventReplayer(threading.Thread):
     """
 
     def __init__(self, sink: Path | FolderSink | KafkaTopicSink, arrivals_s: Sequence[float],
-                 make_events: Callable[[int], list[dict]], *, tick_s: float | None = None
+                 make_events: Callable[[int], list[dict]], *, tick_s: float | None = None,
+                 pace: Callable[[], float] | None = None, until_s: float | None = None
                  ) -> None:
         super().__init__(name="event-replayer", daemon=True)
         self.sink = sink if isinstance(sink, (FolderSink, KafkaTopicSink)) else FolderSink(sink)
@@ -99,6 +140,8 @@ class EventReplayer(threading.Thread):
             raise ValueError("arrivals_s must be in ascending order")
         self.make_events = make_events
         self.tick_s = self.sink.tick_s if tick_s is None else tick_s
+        self.pace = pace
+        self.until_s = until_s
         self.start_ms = 0
         self.offered = 0
         self._stop_event = threading.Event()
@@ -109,14 +152,24 @@ class EventReplayer(threading.Thread):
         if len(events) != len(self.arrivals_s):
             raise ValueError(f"{len(events)} events for {len(self.arrivals_s)} arrivals")
         start = time.monotonic()
+        clock = PacedClock() if self.pace is not None else None
         part = 0
         while self.offered < len(events) and not self._stop_event.is_set():
             elapsed = time.monotonic() - start
+            if clock is not None:
+                if self.until_s is not None and elapsed > self.until_s:
+                    break
+                clock.advance(elapsed, self.pace())  # type: ignore[misc]
+            scheduled = elapsed if clock is None else clock.virtual_s
             due = self.offered
-            while due < len(events) and self.arrivals_s[due] <= elapsed:
+            while due < len(events) and self.arrivals_s[due] <= scheduled:
                 due += 1
             if due > self.offered:
-                self.sink(self.start_ms, part, events[self.offered:due])
+                batch = events[self.offered:due]
+                if clock is not None:  # stamped with when each is offered, not planned
+                    for e, at in zip(batch, self.arrivals_s[self.offered:due]):
+                        e["event_ts"] = self.start_ms + round(clock.real_s(at) * 1000)
+                self.sink(self.start_ms, part, batch)
                 part += 1
                 self.offered = due
             self._stop_event.wait(self.tick_s)

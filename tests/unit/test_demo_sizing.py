@@ -3,6 +3,8 @@ engine measured, on a fast machine and on a slow one alike (issue 31, item 3).""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +12,8 @@ import pytest
 from sidecar.warmup import SpeedSample
 from sts_harness.demo import DemoOptions, sized
 from sts_harness.demo_sizing import (DEFAULT_FACTOR, HIGH_SERVICE_SHARE, LLM_SHARE_WITH_L1L2,
-                                     size_demo)
+                                     MIN_PACE, LivePace, size_demo)
+from sts_harness.replay import EventReplayer, FolderSink, PacedClock
 
 #: The AVX2-only machine of issue 31: TTFT 187 / 602 ms, TPOT 99 / 154 ms (batch 1 / 8).
 SLOW = [SpeedSample(1, 0.187, 0.099)] + [SpeedSample(8, 0.602, 0.154)] * 8
@@ -87,3 +90,70 @@ def test_the_demo_takes_its_rate_from_the_sidecar_and_says_so(
     assert "simulated engine" in capsys.readouterr().out
     with pytest.raises(ValueError, match="overload"):
         DemoOptions(overload=0)
+
+
+class _Speeds:
+    """A sidecar's ``stats()`` whose measured capacity the test sets (tokens/s at the
+    full batch; ``None``: the call fails)."""
+
+    def __init__(self) -> None:
+        self.capacity: float | None = 0.0
+        self.calls = 0
+
+    def __call__(self) -> SimpleNamespace:
+        self.calls += 1
+        if self.capacity is None:
+            raise ConnectionError("the sidecar stopped answering")
+        return SimpleNamespace(scale=SimpleNamespace(capacity_tokens_per_s=self.capacity))
+
+
+def test_the_replay_follows_the_speed_the_engine_delivers_beside_spark() -> None:
+    """Calibrated alone at 8 / 0.154 s = 52 tokens/s; beside Spark the scheduler
+    measures less, and the replay runs at that share (never faster than sized, never
+    below MIN_PACE); a failed read keeps the pace; reads at most every refresh_s."""
+    sizing = size_demo(SLOW, max_tokens=48, high_sla_ms=8000)
+    assert sizing is not None
+    calibrated = sizing.batch / sizing.tpot_s
+    speeds, now = _Speeds(), [0.0]
+    pace = LivePace(sizing, speeds, refresh_s=2.0, clock=lambda: now[0])
+    assert pace() == 1.0, "nothing measured yet"
+    speeds.capacity = calibrated / 2
+    assert pace() == 1.0 and speeds.calls == 1, "read again only after refresh_s"
+    now[0] = 2.0
+    assert pace() == pytest.approx(0.5)
+    now[0], speeds.capacity = 4.0, calibrated * 3
+    assert pace() == 1.0, "never faster than the calibration sized it"
+    now[0], speeds.capacity = 6.0, calibrated / 100
+    assert pace() == MIN_PACE
+    now[0], speeds.capacity = 8.0, None
+    assert pace() == MIN_PACE, "a failed read keeps the last pace"
+    mean = round((1 + 0.5 + 1 + MIN_PACE) / 4, 3)
+    assert pace.summary() == {"pace_min": MIN_PACE, "pace_mean": mean, "pace_last": MIN_PACE}
+
+
+def test_a_paced_replay_stamps_events_when_offered_and_ends_on_time(tmp_path: Path) -> None:
+    """At the slowest pace the event scheduled 10 s in is not due within the replay's
+    0.3 s, however slow the machine: one event offered, stamped from the start, and the
+    replay ends by itself."""
+    def make(start_ms: int) -> list[dict]:
+        return [{"event_id": str(i), "event_ts": -1} for i in range(2)]
+
+    replayer = EventReplayer(FolderSink(tmp_path), [0.0, 10.0], make,
+                             pace=lambda: MIN_PACE, until_s=0.3)
+    replayer.start()
+    replayer.join(timeout=30)
+    assert not replayer.is_alive()
+    offered = [json.loads(line) for f in sorted(tmp_path.glob("*.json"))
+               for line in f.read_text().splitlines()]
+    assert [e["event_id"] for e in offered] == ["0"] and replayer.offered == 1
+    assert offered[0]["event_ts"] >= replayer.start_ms
+
+
+def test_a_paced_clock_maps_the_schedule_to_real_time() -> None:
+    clock = PacedClock()
+    clock.advance(1.0, 1.0)
+    assert clock.virtual_s == 1.0 and clock.real_s(0.5) == 0.5
+    clock.advance(3.0, 0.25)
+    assert clock.virtual_s == 1.5 and clock.real_s(1.25) == 2.0
+    with pytest.raises(ValueError, match="pace"):
+        clock.advance(4.0, 0.0)

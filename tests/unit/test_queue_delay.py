@@ -180,3 +180,25 @@ def test_a_wait_is_judged_by_the_batch_the_request_will_get_not_the_full_one() -
     refusal = LoadCheck(load).check(req)
     assert refusal is not None and refusal.reason in (RefusalReason.QUEUE_DELAY_EXCEEDED,
                                                       RefusalReason.DEADLINE_INFEASIBLE)
+
+
+def test_a_running_request_frees_its_slot_by_its_deadline_in_the_wait_estimate() -> None:
+    """A request running toward a deadline it cannot meet leaves its slot by then (it is
+    aborted, or late work that on-time work may abort), so an arrival's estimated wait
+    is at most that, not the long service the running one would need. (Estimated from
+    the service, a sidecar shared by a test that left long requests running refused the
+    next test's requests ``queue_delay_exceeded`` on a slow machine.)"""
+
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.estimator.calibrate([SpeedSample(1, 0.002, 0.01)])  # 10 ms per token
+        acks = s.submit_batch([make_sidecar_request("long", priority=LOW, max_tokens=2000,
+                                                    deadline_in_ms=1_000)])  # ~20 s of work
+        assert acks[0].accepted, acks
+        await until(lambda: s.pools[LOW].in_flight == 1)
+        arrival = make_sidecar_request("next", priority=LOW, max_tokens=10,
+                                       deadline_in_ms=60_000)
+        assert s.load.natural_wait_s(arrival) <= 1.0
+
+    asyncio.run(with_scheduler(
+        fast_engine(max_num_seqs=1), SchedulerConfig(max_in_flight=1, deadline_admission=False),
+        body))
