@@ -16,9 +16,9 @@ priority order. So the demo reads the sidecar's warm-up calibration (``GetStats`
 3. **Rate**: ``factor`` x capacity of model requests, over the share of events L1/L2
    leave to the model (:data:`LLM_SHARE_WITH_L1L2`; every event without L1/L2).
 4. **Pace** (:class:`LivePace`): the calibration is the engine alone; beside Spark on
-   the same CPUs it delivers less (half of it on an AVX2-only laptop's kernels). While
-   the events are replayed, the replay runs at the share of its calibrated speed the
-   engine delivers now (the scheduler's measured seconds per token at the full batch,
+   the same CPUs it delivers less (70-80 % of it, at times half, on an emulated
+   AVX2-only 2-vCPU machine: RESULTS.md section 27). While the events are replayed,
+   the replay runs at the share of its calibrated speed the engine delivers now (the scheduler's measured seconds per token at the full batch,
    ``GetStats``' ``scale.capacity_tokens_per_s``), so the overload stays ``factor`` x what
    the engine does, not what it did alone.
 
