@@ -18,9 +18,10 @@ priority order. So the demo reads the sidecar's warm-up calibration (``GetStats`
 4. **Pace** (:class:`LivePace`): the calibration is the engine alone; beside Spark on
    the same CPUs it delivers less (70-80 % of it, at times half, on an emulated
    AVX2-only 2-vCPU machine: RESULTS.md section 27). While the events are replayed,
-   the replay runs at the share of its calibrated speed the engine delivers now (the scheduler's measured seconds per token at the full batch,
-   ``GetStats``' ``scale.capacity_tokens_per_s``), so the overload stays ``factor`` x what
-   the engine does, not what it did alone.
+   the replay runs at the share of its calibrated speed the engine delivers now (the
+   scheduler's measured seconds per token at the full batch, ``GetStats``'
+   ``scale.capacity_tokens_per_s``), so the overload stays ``factor`` x what the engine
+   does, not what it did alone.
 
 Example:
     >>> from types import SimpleNamespace as Speed

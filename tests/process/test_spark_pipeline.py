@@ -191,9 +191,9 @@ def test_submit_returns_before_generation(spark, tmp_path: Path,
     assert busy >= 2, f"generation already over after {elapsed:.1f}s: acks waited for it"
     # The shared sidecar as this test found it: its long requests would make the next
     # test's requests wait behind them (on a slow machine past a pool's queue delay).
-    pools = lambda: tiny_sidecar.client.stats().pools  # noqa: E731
-    wait_until(lambda: not sum(p.in_flight + p.queued for p in pools()), timeout_s=180,
-               what="the tiny sidecar idle again")
+    wait_until(lambda: not sum(p.in_flight + p.queued
+                               for p in tiny_sidecar.client.stats().pools),
+               timeout_s=180, what="the tiny sidecar idle again")
 
 
 def test_pipeline_answers_from_results_submits_once_and_replays_write_nothing_twice(

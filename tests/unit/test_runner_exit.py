@@ -26,7 +26,8 @@ from tests.utils import REPO
 
 
 #: The clock's rows (``spark_ext.sources.clock.SCHEMA``) as the JVM sends them.
-CLOCK_SCHEMA = StructType([StructField("bucket", IntegerType()), StructField("tick_ms", LongType())])
+CLOCK_SCHEMA = StructType([StructField("bucket", IntegerType()),
+                           StructField("tick_ms", LongType())])
 
 
 class UnquietClock(ClockDataSource):
