@@ -10,6 +10,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from sidecar import ENGINES
+from sts_harness.demo_sizing import HIGH_SERVICE_SHARE
 from spark_ext.kinds import CHANNEL_SIDES, writer_choices
 
 #: What a command prints when the ``spark`` extra is not installed.
@@ -26,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--rate", type=positive(float), default=None,
                       help="events per second (default: --overload x the model requests/s "
                            "the engine's warm-up measured, with --max-tokens cut so a high "
-                           "answer fits half its SLA at the full batch; 3 with --engine "
-                           "simulated)")
+                           f"answer fits {HIGH_SERVICE_SHARE * 100:.0f} %% of its SLA at the "
+                           "full batch; 3 with --engine simulated)")
     demo.add_argument("--overload", type=positive(float), default=None,
                       help="without --rate: offered model requests over the engine's "
                            "measured capacity (default 1.5)")
@@ -114,7 +115,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     connect.add_argument("--with-s3", action="store_true",
                          help="also hadoop-aws, for s3a:// tables and checkpoints")
     connect.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                         help="a Spark setting of the server (e.g. spark.hadoop.fs.s3a.endpoint=...)")
+                         help="a Spark setting of the server "
+                              "(e.g. spark.hadoop.fs.s3a.endpoint=...)")
     connect.add_argument("--detach", action="store_true",
                          help="return once it serves, leaving it running (its pid in "
                               "--work-dir); stop it with --stop")

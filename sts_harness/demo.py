@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import datetime
 import itertools
 import json
 import logging
@@ -243,7 +244,8 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
     ``llm_within_sla``: per priority, the share of events answered by the model by their
     deadline, and (``to_llm``, ``share_of_to_llm``) that share among the events L1/L2
     left to the model (not answered by a ``rule`` or from the knowledge base): with
-    L1/L2 on, the first share is capped by routing, the second is the scheduler's. ``fallbacks_by_reason``: why the events still answered by the fallback got
+    L1/L2 on, the first share is capped by routing, the second is the scheduler's.
+    ``fallbacks_by_reason``: why the events still answered by the fallback got
     it (a fallback that a late model answer replaced counts as ``backfill``, not here).
     ``retrieval``: L1/L2's routes and hit rates (:meth:`FastPathStats.summary`), with
     ``without_llm``, the share of answers that needed no LLM (``rule`` + ``kb``), and
@@ -293,15 +295,38 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
     }
 
 
-def batch_durations(queries: list) -> dict[str, dict[str, float | None]]:
+def batch_durations(queries: list, since_s: float | None = None
+                    ) -> dict[str, dict[str, float | None]]:
     """Per query: P50/P99 (ms) and count of its recent micro-batches that had input
-    (Spark keeps the last 100 progress updates of a query)."""
+    (Spark keeps the last 100 progress updates of a query), only those that began at or
+    after ``since_s`` (epoch seconds; the replay's start) when given: a query's first
+    batch, run while the pipeline starts (Python workers, models, plans), is not one
+    the events waited for.
+
+    Example:
+        >>> from types import SimpleNamespace as P
+        >>> q = P(name="sts-answers", recentProgress=[
+        ...     P(timestamp="2026-12-04T18:00:00.000Z", numInputRows=3,
+        ...       durationMs={"triggerExecution": 47000}),
+        ...     P(timestamp="2026-12-04T18:01:00.500Z", numInputRows=5,
+        ...       durationMs={"triggerExecution": 900})])
+        >>> batch_durations([q])["sts-answers"]["n"]
+        2
+        >>> batch_durations([q], since_s=1796407260.0)["sts-answers"]
+        {'p50': 900.0, 'p99': 900.0, 'n': 1}
+    """
     out = {}
     for q in queries:
         ms = [p.durationMs.get("triggerExecution") for p in q.recentProgress
-              if p.numInputRows and p.durationMs.get("triggerExecution") is not None]
+              if p.numInputRows and p.durationMs.get("triggerExecution") is not None
+              and (since_s is None or _epoch_s(p.timestamp) >= since_s)]
         out[q.name] = percentiles(ms, (50, 99), digits=0) | {"n": len(ms)}
     return out
+
+
+def _epoch_s(iso: str) -> float:
+    """A progress update's ``timestamp`` (ISO 8601, UTC) in epoch seconds."""
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 #: Where a failed step's traceback goes: the demo's log file only, never the console.
@@ -394,7 +419,8 @@ def run_demo(opts: DemoOptions) -> dict:
             else f"{opts.overload:g}x the engine's measured capacity" if opts.engine == "vllm"
             else f"{UNSIZED_RATE:g} events/s")
     print(f"sts demo: {rate} for {opts.duration:g} s, {opts.engine} engine, "
-          f"{opts.source} route, writer {opts.resolved_writer()}; output {out}; log {log}", flush=True)
+          f"{opts.source} route, writer {opts.resolved_writer()}; output {out}; log {log}",
+          flush=True)
     try:
         if opts.engine == "vllm":
             with demo_step("Preparing the model", log,
@@ -445,13 +471,14 @@ def run_demo(opts: DemoOptions) -> dict:
             pipeline.start()
         if opts.on_start is not None:
             opts.on_start(pipeline)
-        start = time.monotonic()
+        start, replay_began_s = time.monotonic(), time.time()
         replayer.start()
         failure = _run_until_answered(opts, out, sidecar, pipeline, replayer, start)
         wall_s = time.monotonic() - start
         if failure is None:
             pipeline.process_all_available()
-        summary = _demo_summary(opts, out, sidecar, pipeline, replayer, wall_s)
+        summary = _demo_summary(opts, out, sidecar, pipeline, replayer, wall_s,
+                                replay_began_s)
         summary["sizing"] = sizing_summary(sizing, summary, opts.duration, pace)
         summary["incomplete"] = failure
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -667,9 +694,10 @@ def summary_columns(pipeline) -> list[str]:
 
 
 def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
-                  wall_s: float) -> dict:
+                  wall_s: float, replay_began_s: float) -> dict:
     """The summary of a finished run: answers by source and priority, the sidecar's
-    stats, rollout shares, micro-batch durations, the plots and where the tables are."""
+    stats, rollout shares, the micro-batch durations since the replay began (epoch
+    seconds), the plots and where the tables are."""
     from google.protobuf.json_format import MessageToDict
 
     from sts_harness.demo_plots import plot_demo
@@ -688,7 +716,7 @@ def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
     summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")
                                         .to_pylist(), mode=opts.rollout,
                                         canary_share=opts.canary_share)
-    summary["batch_ms"] = batch_durations(pipeline.queries)
+    summary["batch_ms"] = batch_durations(pipeline.queries, since_s=replay_began_s)
     summary["source"] = opts.source
     summary["kafka_lag"] = pipeline.kafka_lag()
     summary["dead_letters"] = pipeline.dead_letters
@@ -754,8 +782,8 @@ def print_summary(summary: dict) -> None:
           f"prefix-cache hit rate {f'{hit:.1%}' if hit is not None else 'not reported'}")
     for name, v in (summary.get("batch_ms") or {}).items():
         if v.get("n"):
-            print(f"micro-batches {name:<12} {v['n']} with input, P50 {v['p50']:.0f} ms, "
-                  f"P99 {v['p99']:.0f} ms")
+            print(f"micro-batches {name:<12} {v['n']} with input since the replay began, "
+                  f"P50 {v['p50']:.0f} ms, P99 {v['p99']:.0f} ms")
     for query, lag in (summary.get("kafka_lag") or {}).items():
         print(f"kafka lag {query:<11} {sum(lag.values())} records behind "
               f"({', '.join(f'{tp} {n}' for tp, n in sorted(lag.items()))})")

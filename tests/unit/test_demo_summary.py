@@ -45,3 +45,12 @@ def test_a_safety_net_fallback_keeps_the_articles_of_its_request() -> None:
                             key_columns=["event_id"], fallback_text="later")
     assert [(a["kb_ids"], a["reason"]) for a in lost] == [("a,b", "no_result"),
                                                           (None, "no_result")]
+
+
+def test_the_micro_batch_line_counts_the_batches_since_the_replay_began(capsys) -> None:
+    summary = summarize([_answer("llm", None)], events=1, wall_s=1.0, stats={})
+    summary |= {"tables": {}, "plots": [], "incomplete": None,
+                "batch_ms": {"sts-answers": {"p50": 900, "p99": 1200, "n": 40}}}
+    print_summary(summary)
+    assert ("micro-batches sts-answers  40 with input since the replay began, P50 900 ms, "
+            "P99 1200 ms") in capsys.readouterr().out
