@@ -320,6 +320,40 @@ class LoadControl:
                 return batch
         return None
 
+    def catch_up_batch(self, req: SidecarRequest, tpot_s: float,
+                       ran_in: float) -> int | None:
+        """For a running ``req`` that decoded at ``tpot_s`` per token so far, in a mean
+        batch of ``ran_in`` sequences: the largest batch below the one the engine runs
+        now in which the rest of its expected answer still fits before its deadline,
+        scaled from its own speed by the engine's batch speed model; ``None`` when it is
+        on schedule, or when not even the smallest batch that preempting lower work can
+        reach would do (others are not slowed down for nothing). The batch lever of
+        :meth:`fit_batch`, applied again while it runs."""
+        assert req.priority is not None
+        cfg = self.config.preemption
+        if not (self.config.deadline_admission and cfg.enabled and cfg.shrink_batch
+                and self.estimator.warm and tpot_s > 0.0):
+            return None
+        left_s = (req.deadline_ts - now_ms()) / 1000.0
+        if left_s <= 0.0:
+            return None
+        expected = self.estimator.expected_output_tokens(req.priority, req.max_tokens)
+        remaining = max(min(expected, req.max_tokens) - req.output_tokens, 1.0)
+        slack = self.config.deadline_slack
+        speed = self.estimator.speed
+
+        def fits(batch: int) -> bool:
+            return slack * remaining * tpot_s * speed.ratio(batch, ran_in) <= left_s
+
+        now_in = self._in_flight()
+        if fits(now_in):
+            return None
+        floor = self.on_time_in_flight() - len(self.victims(req.priority))
+        for batch in range(now_in - 1, max(floor, 1) - 1, -1):
+            if fits(batch):
+                return batch
+        return None
+
     def over_any_queue_watermark(self) -> bool:
         """Whether the total queue depth is over the ``low`` or ``normal`` watermark (a
         quick test before :meth:`watermark_victims`)."""

@@ -99,6 +99,9 @@ class _LiveCollector(Collector):
                                   s.late_aborted),
             "preemptions": ("Running requests aborted and requeued for higher-priority work.",
                             s.preemptions),
+            "batch_catch_ups": ("Running requests that fell behind their deadline and got a "
+                                "smaller batch (lower work preempted and held back).",
+                                s.batch_catch_ups),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"{_PREFIX}_{name}", doc, value=float(value))

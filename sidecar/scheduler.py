@@ -78,6 +78,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+#: A running request's own decode speed is first compared with its deadline at this many
+#: output tokens (two token intervals measured), then every
+#: :data:`SCHEDULE_CHECK_EVERY` tokens.
+SCHEDULE_CHECK_FIRST = 3
+SCHEDULE_CHECK_EVERY = 4
+
+
 @dataclass(slots=True)
 class _Run:
     """One run of a request in the engine: its outcome so far and its timings
@@ -93,6 +100,8 @@ class _Run:
     area_at_first: float = 0.0
     preempted: bool = False
     """Cancelled for a preemption: it goes back to its queue, no row."""
+    check_at: int = SCHEDULE_CHECK_FIRST
+    """Output tokens at which :meth:`Scheduler._keep_on_schedule` looks at it next."""
 
 
 def _uncancel_current() -> int:
@@ -371,12 +380,8 @@ class Scheduler:
                                   self._preemptions.get(rid, 0) if self._preemptions else 0,
                                   target))
         if target is not None:  # it needs a small batch: make room now, late work first
-            excess = self.slots.count + 1 - target
-            for late in self.slots.late_victims()[:max(excess, 0)]:
-                self._abort_late(late, "a request that needs a small batch started")
-                excess -= 1
-            for victim in self.load.victims(req.priority)[:max(excess, 0)]:
-                self._preempt(victim)
+            self._shrink_batch(req, self.slots.count + 1 - target,
+                               "a request that needs a small batch started")
         self.slots.area(now)
         self.slots.count += 1
         if self.tracer is not None:
@@ -390,6 +395,49 @@ class Scheduler:
         # Unnamed: naming a task (an f-string and ``set_name``) costs as much as a
         # tenth of creating it.
         self.slots.tasks[rid] = asyncio.get_running_loop().create_task(self._serve(req))
+
+    def _shrink_batch(self, req: SidecarRequest, excess: int, why: str) -> None:
+        """Make room for ``req``, which needs a smaller batch: ``excess`` sequences leave
+        the engine, late work first, then lower work preempted (:meth:`LoadControl.victims`)."""
+        assert req.priority is not None
+        for late in self.slots.late_victims()[:max(excess, 0)]:
+            self._abort_late(late, why)
+            excess -= 1
+        for victim in self.load.victims(req.priority)[:max(excess, 0)]:
+            self._preempt(victim)
+
+    def _keep_on_schedule(self, req: SidecarRequest, run: _Run) -> None:
+        """A running request whose own decode speed so far says it misses its deadline in
+        the batch it runs in gets a smaller one (:meth:`LoadControl.catch_up_batch`): at
+        first lower work is held back (no lower request starts, so the batch shrinks as
+        running ones end and no work is thrown away); still behind at its next check,
+        lower work is preempted down to it, as for a request that needs a small batch at
+        its start. A start is planned with medians of other requests' speeds; this
+        corrects one that turned out slower (a CPU engine beside other work, arrivals'
+        prefills between its decode steps)."""
+        assert req.priority is not None and run.first_token_at is not None
+        pool = self.pools[req.priority]
+        running = pool.running.get(req.request_id)
+        if running is None or req.late or run.last_token_at is None:
+            return
+        now = time.monotonic()
+        tpot_s = (run.last_token_at - run.first_token_at) / (req.output_tokens - 1)
+        ran_in = mean_batch(run.area_at_first, self.slots.area(now), now - run.first_token_at)
+        target = self.load.catch_up_batch(req, tpot_s, ran_in or float(self.slots.count))
+        if target is None:
+            return
+        held = running.target_batch
+        if held is not None:
+            target = min(target, held)
+        running.target_batch = pool.holding[req.request_id] = target
+        self.counters.catch_ups += 1
+        if self.log_requests:
+            logger.info("Request %s (%s) falls behind its deadline at %.0f ms per token: "
+                        "lower work %s down to a batch of %d.", req.request_id, req.priority,
+                        tpot_s * 1000, "held back" if held is None else "preempted", target)
+        if held is not None:  # held back since its last check and still behind
+            self._shrink_batch(req, self.slots.count - target,
+                               "a running request fell behind its deadline")
 
     # ------------------------------------------------------------------ preemption
 
@@ -504,6 +552,9 @@ class Scheduler:
                     req.first_token_ts = now_ms()
             req.text = progress.text
             req.output_tokens = progress.output_tokens
+            if req.output_tokens >= run.check_at and not progress.finished:
+                run.check_at = req.output_tokens + SCHEDULE_CHECK_EVERY
+                self._keep_on_schedule(req, run)
             if progress.cached_tokens > req.cached_tokens:
                 req.cached_tokens = progress.cached_tokens
             if progress.finished:
@@ -815,6 +866,7 @@ class Scheduler:
             late_aborted=c.late_aborted,
             late_in_flight=len(self.slots.late),
             preemptions=c.preemptions,
+            batch_catch_ups=c.catch_ups,
             wait_error_s=c.wait_error_summary(),
             result_channel=self.results.stats() if self.results is not None else None,
             calibration=self.estimator.calibration,

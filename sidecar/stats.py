@@ -61,6 +61,8 @@ class SchedulerStats:
     late_in_flight: int = 0
     """Requests generating past their deadline now."""
     preemptions: int = 0
+    batch_catch_ups: int = 0
+    """Running requests that fell behind their deadline and got a smaller batch."""
     wait_error_s: dict[Priority, dict[str, float | None]] = field(default_factory=dict)
     """Per pool: ``p50``/``p99`` of actual minus estimated queue wait (seconds) and ``n``."""
     result_channel: ResultChannelStats | None = None
@@ -110,6 +112,8 @@ class SchedulerCounters:
     """Late work aborted without a late row."""
     preemptions: int = 0
     """Running requests aborted and requeued for higher-priority work."""
+    catch_ups: int = 0
+    """Running requests that fell behind their deadline and got a smaller batch."""
     wait_errors: dict[Priority, collections.deque[float]] = field(
         default_factory=lambda: {p: collections.deque(maxlen=WAIT_ERROR_SAMPLES)
                                  for p in Priority}, repr=False)

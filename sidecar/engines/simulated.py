@@ -77,6 +77,10 @@ class SimulatedEngineConfig:
     """The answer text (``{tokens}``: tokens generated); tests of what the Spark side does
     with an answer's content set it."""
 
+    progress_every: int = 0
+    """Output tokens between a sequence's progress reports; 0: its first token and its
+    end only (cheap at seed scale). vLLM reports every step (1): the scheduler's check of
+    a running request against its deadline reads these (``SLOW_CPU`` sets 1)."""
     replicas: int = 1
     """Independent GPUs behind this sidecar (a simulated cluster for seed-scale runs);
     each request goes to the replica with the fewest sequences."""
@@ -91,6 +95,8 @@ class SimulatedEngineConfig:
             raise ValueError(f"{self.max_num_seqs=} must be >= 1")
         if self.step_base_ms <= 0 or self.step_per_seq_ms < 0:
             raise ValueError(f"{self.step_base_ms=} must be > 0 and {self.step_per_seq_ms=} >= 0")
+        if self.progress_every < 0:
+            raise ValueError(f"{self.progress_every=} must be >= 0")
         if self.replicas < 1:
             raise ValueError(f"{self.replicas=} must be >= 1")
         if self.fail_after_s is not None and self.fail_after_s < 0:
@@ -116,7 +122,8 @@ class SimulatedEngineConfig:
 #: development machine sees what a slow laptop does (``engine.simulated`` settings, e.g.
 #: ``benchmarks.overload --slow-cpu``).
 SLOW_CPU: dict[str, float | int] = {"max_num_seqs": 8, "step_base_ms": 91.1,
-                                    "step_per_seq_ms": 7.86, "prefill_tokens_per_s": 800.0}
+                                    "step_per_seq_ms": 7.86, "prefill_tokens_per_s": 800.0,
+                                    "progress_every": 1}
 
 
 def simulated_set_args(settings: dict[str, float | int]) -> list[str]:
@@ -338,6 +345,7 @@ class SimulatedEngine(Engine):
         # GPU, whose work is not the sidecar's CPU).
         texts: dict[int, str] = {}
         template = cfg.text
+        every = cfg.progress_every
         while True:
             if not self._running and not self._waiting:
                 self._wake.clear()
@@ -362,7 +370,8 @@ class SimulatedEngine(Engine):
             for rid, seq in list(self._running.items()):
                 seq.generated += 1
                 done = seq.generated >= seq.request.max_tokens
-                if seq.generated == 1 or done:
+                if seq.generated == 1 or done or (
+                        every and seq.generated % every == 0):
                     text = ""
                     if done and (text := texts.get(seq.generated)) is None:
                         if len(texts) > 4096:

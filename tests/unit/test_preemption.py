@@ -26,9 +26,10 @@ HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
 STEP_MS = 10.0
 
 
-def _engine(seqs: int, per_seq_ms: float = 0.0) -> SimulatedEngine:
+def _engine(seqs: int, per_seq_ms: float = 0.0, progress_every: int = 0) -> SimulatedEngine:
     return SimulatedEngine(SimulatedEngineConfig(max_num_seqs=seqs, step_base_ms=STEP_MS,
-                                                 step_per_seq_ms=per_seq_ms))
+                                                 step_per_seq_ms=per_seq_ms,
+                                                 progress_every=progress_every))
 
 
 def _config(slots: int, **kw) -> SchedulerConfig:
@@ -273,3 +274,45 @@ def test_late_low_work_in_a_full_engine_gives_way_to_a_feasible_high() -> None:
     hi = _by_id(results)["hi"]
     assert hi.status == "ok" and hi.finish_ts <= hi.deadline_ts, hi
     assert seen["late_left"] <= 2, "late work was aborted down to the batch high needed"
+
+
+def _behind_schedule() -> tuple[ResultRecord, int]:
+    """A ``high`` request started in a full engine that the estimator, calibrated on a
+    faster engine, says it finishes in (40 tokens at batch 8: ~1.2 s of a 1.6 s
+    deadline), on an engine that decodes a batch of 8 at 58 ms per token (2.3 s): its
+    result and the catch-ups counted."""
+    from sidecar.warmup import SpeedSample
+
+    seen: dict[str, int] = {}
+
+    async def body(s: Scheduler, results: list[ResultRecord]) -> None:
+        s.submit_batch([make_sidecar_request(f"low{i}", priority=LOW, max_tokens=2000,
+                                             deadline_in_ms=60_000) for i in range(7)])
+        await until(lambda: all(_decoding(s, f"low{i}") for i in range(7)), 10)
+        # the calibration a faster engine (or this one alone) gave: 16 ms alone, 30 at 8
+        s.estimator.calibrate([SpeedSample(1, 0.016, 0.016), SpeedSample(8, 0.030, 0.030)])
+        [ack] = s.submit_batch([make_sidecar_request("hi", priority=HIGH, max_tokens=40,
+                                                     deadline_in_ms=1600)])
+        assert ack.accepted, ack
+        await until(lambda: any(r.request_id == "hi" for r in results), 10)
+        seen["catch_ups"] = s.stats().batch_catch_ups
+
+    # progress every token, as vLLM reports it
+    results = run_in_virtual_time(with_scheduler(
+        _engine(8, per_seq_ms=6.0, progress_every=1), _config(8), body))
+    return _by_id(results)["hi"], seen["catch_ups"]
+
+
+def test_a_running_high_that_falls_behind_its_deadline_gets_a_smaller_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's plan rests on other requests' speeds; a ``high`` request whose own
+    decode speed says it will miss its deadline in the full batch gets a smaller one
+    while it runs (lower work preempted and held back) and finishes on time; without
+    the check the same request runs on in the full batch and times out (issue 31: the
+    real engine on a slow CPU, `high` 51-77 % of what it gets alone)."""
+    hi, catch_ups = _behind_schedule()
+    assert hi.status == "ok" and hi.finish_ts <= hi.deadline_ts, hi
+    assert catch_ups >= 1
+    monkeypatch.setattr(Scheduler, "_keep_on_schedule", lambda self, req, run: None)
+    hi, catch_ups = _behind_schedule()
+    assert hi.status == "timeout" and catch_ups == 0, hi
