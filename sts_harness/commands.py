@@ -10,7 +10,6 @@ from pathlib import Path
 from collections.abc import Callable
 
 from sidecar import ENGINES
-from sts_harness.demo_sizing import HIGH_SERVICE_SHARE
 from spark_ext.kinds import CHANNEL_SIDES, writer_choices
 
 #: What a command prints when the ``spark`` extra is not installed.
@@ -27,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--rate", type=positive(float), default=None,
                       help="events per second (default: --overload x the model requests/s "
                            "the engine's warm-up measured, with --max-tokens cut so a high "
-                           f"answer fits {HIGH_SERVICE_SHARE * 100:.0f} %% of its SLA at the "
-                           "full batch; 3 with --engine simulated)")
+                           "answer fits 35 %% of its SLA at the full batch; 3 with "
+                           "--engine simulated)")
     demo.add_argument("--overload", type=positive(float), default=None,
                       help="without --rate: offered model requests over the engine's "
                            "measured capacity (default 1.5)")
@@ -332,7 +331,7 @@ def _run_demo(args: argparse.Namespace) -> int:
                            overwrite=args.overwrite, l1l2=args.l1l2,
                            rollout=args.rollout, canary_share=args.canary_share,
                            source=args.source, bootstrap_servers=args.bootstrap_servers,
-                           writer=args.writer)
+                           writer=args.writer, owns_process=True)
     except ValueError as e:
         return _fail(e, "demo", 2)
     from sts_harness.demo import DemoFailedError

@@ -9,6 +9,7 @@ prints a summary. Both processes are shut down cleanly, also on Ctrl-C.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 from sidecar import percentiles
 from sidecar.contract import PRIORITY_NAMES
@@ -28,6 +30,9 @@ from spark_ext.kinds import CHANNEL_SIDES
 from sts_harness.demo_sizing import DEFAULT_FACTOR, DemoSizing, LivePace, sizing_from_stats
 from sts_harness.hops import format_hops, hop_latencies
 from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
+
+
+T = TypeVar("T")
 
 
 class DemoFailedError(RuntimeError):
@@ -125,6 +130,12 @@ class DemoOptions:
 
     on_start: Callable[[object], None] | None = None
     """Called with the pipeline once it started (the soak samples it)."""
+
+    owns_process: bool = False
+    """The demo owns this process (``sts demo``): a Spark it starts with the real engine on
+    the CPU runs at :data:`SPARK_NICENESS` for the process's life (PySpark keeps its JVM
+    until the process exits). A caller that goes on using Spark (a test, a notebook)
+    leaves it ``False``."""
 
     def __post_init__(self) -> None:
         if self.source not in CHANNEL_SIDES:  # the route: a result channel's name
@@ -445,12 +456,17 @@ def run_demo(opts: DemoOptions) -> dict:
         from spark_ext import StsPipeline
         from spark_ext.session import session_scope
 
-        _pin_spark_cpus(stack, opts.engine)
+        niceness = SPARK_NICENESS if _pin_spark_cpus(stack, opts.engine) \
+            and opts.owns_process else 0
+        if niceness:
+            print(f"Spark at nice +{niceness}: the engine's scheduler comes first on its CPUs",
+                  flush=True)
         remote = os.environ.get("SPARK_REMOTE")
         with demo_step(f"Connecting to Spark Connect at {remote}" if remote
                        else "Starting Spark (local[2])", log,
                        expect="a few seconds" if remote else "10-20 s"):
-            spark = stack.enter_context(session_scope("sts-demo"))
+            spark = _in_thread_at_niceness(
+                lambda: stack.enter_context(session_scope("sts-demo")), niceness)
         with demo_step("Building the pipeline", log,
                        expect="L1 router, L2 knowledge base, feature table" if opts.l1l2
                        else ""):
@@ -546,16 +562,42 @@ def kafka_results_args(bootstrap_servers: str) -> list[str]:
             "--set", f"results.kafka.bootstrap_servers={json.dumps(bootstrap_servers)}"]
 
 
-def _pin_spark_cpus(stack: contextlib.ExitStack, engine: str) -> None:
+def _pin_spark_cpus(stack: contextlib.ExitStack, engine: str) -> bool:
     """vLLM's CPU backend binds its decode thread to core 0; Spark (the JVM and its
     Python workers start from this thread) gets the others, as a GPU node's executors
-    do not share the GPU's compute with Spark. Undone when ``stack`` closes."""
+    do not share the GPU's compute with Spark. Undone when ``stack`` closes. ``True``
+    when pinned: a Spark the demo starts in its own process then also yields those CPUs
+    to the engine's scheduler (:data:`SPARK_NICENESS`)."""
     if (cpus := spark_cpus(engine)) is None:
-        return
+        return False
     previous = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cpus)
     stack.callback(os.sched_setaffinity, 0, previous)
     print(f"Spark on CPUs {sorted(cpus)}; the engine keeps CPU 0", flush=True)
+    return True
+
+
+#: The nice value Spark's JVM (and the Python workers it starts) runs at when the real
+#: engine shares this machine's CPUs. vLLM's CPU backend keeps a CPU besides the decode
+#: thread's for its scheduler process (``reserved_cpus`` in its log), which starts every
+#: decode step: on a machine of two CPUs that is the CPU Spark runs on, and a step the
+#: scheduler waits for the CPU is a slower token for every sequence.
+SPARK_NICENESS = 10
+
+
+def _in_thread_at_niceness(start: Callable[[], T], niceness: int) -> T:
+    """``start()`` in a thread whose nice value is raised by ``niceness`` (on Linux a
+    thread's own: what it launches, such as Spark's JVM, inherits it; the caller's
+    thread keeps its own), returning its result or raising its exception."""
+    if niceness == 0:
+        return start()
+
+    def run() -> T:
+        os.nice(niceness)
+        return start()
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sts-spark-start") as ex:
+        return ex.submit(run).result()
 
 
 def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path, *,
