@@ -99,8 +99,8 @@ class _LiveCollector(Collector):
                                   s.late_aborted),
             "preemptions": ("Running requests aborted and requeued for higher-priority work.",
                             s.preemptions),
-            "batch_catch_ups": ("Running requests that fell behind their deadline and got a "
-                                "smaller batch (lower work preempted and held back).",
+            "batch_catch_ups": ("Checks at which a running request behind its deadline had "
+                                "lower work held back, then preempted, for a smaller batch.",
                                 s.batch_catch_ups),
         }
         for name, (doc, value) in counters.items():

@@ -62,7 +62,8 @@ class SchedulerStats:
     """Requests generating past their deadline now."""
     preemptions: int = 0
     batch_catch_ups: int = 0
-    """Running requests that fell behind their deadline and got a smaller batch."""
+    """Checks at which a running request behind its deadline had lower work held back
+    (its first) or preempted (a later one) for a smaller batch."""
     wait_error_s: dict[Priority, dict[str, float | None]] = field(default_factory=dict)
     """Per pool: ``p50``/``p99`` of actual minus estimated queue wait (seconds) and ``n``."""
     result_channel: ResultChannelStats | None = None
@@ -113,7 +114,8 @@ class SchedulerCounters:
     preemptions: int = 0
     """Running requests aborted and requeued for higher-priority work."""
     catch_ups: int = 0
-    """Running requests that fell behind their deadline and got a smaller batch."""
+    """Checks at which a running request behind its deadline had lower work held back
+    (its first) or preempted (a later one) for a smaller batch."""
     wait_errors: dict[Priority, collections.deque[float]] = field(
         default_factory=lambda: {p: collections.deque(maxlen=WAIT_ERROR_SAMPLES)
                                  for p in Priority}, repr=False)
