@@ -249,6 +249,15 @@ class SchedulerConfig:
     the test that lets a request wait past its pool's ``max_queue_delay_ms`` (above 1
     is more cautious, below 1 admits more)."""
 
+    delivery_ms: int = 0
+    """Time a result takes, after the sidecar writes it, to become the caller's answer
+    (the pipeline's *finished -> answer landed*: its result channel, its answers
+    micro-batch, its table commit; a P90 is a good value). The batch a request starts
+    in and the catch-up of a running one aim to finish this long before its deadline
+    where a smaller batch gets it there, so its answer lands by the deadline.
+    Refusals, the timeout and the terminal row keep the deadline itself. 0: plan for
+    the deadline."""
+
     target_utilisation: float = 0.7
     """The share of a GPU's measured capacity the scale signal plans to use
     (``desired_gpus`` on ``/metrics`` and ``GetStats``; the capacity formula's 0.6-0.75
@@ -285,6 +294,8 @@ class SchedulerConfig:
             raise SidecarConfigError(f"{self.engine_check_interval_s=} must be in (0, 60]")
         if not 0 < self.deadline_slack <= 10:
             raise SidecarConfigError(f"{self.deadline_slack=} must be in (0, 10]")
+        if not isinstance(self.delivery_ms, int) or not 0 <= self.delivery_ms <= 600_000:
+            raise SidecarConfigError(f"{self.delivery_ms=} must be an integer in [0, 600000]")
         if not 0 < self.target_utilisation <= 1:
             raise SidecarConfigError(f"{self.target_utilisation=} must be in (0, 1]")
         if unknown := set(self.pools) - set(PRIORITY_NAMES):

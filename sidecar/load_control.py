@@ -7,6 +7,9 @@ whether a queued one should still start (:meth:`LoadControl.infeasible_now`); wh
 queued requests a crossed watermark sheds (:meth:`LoadControl.watermark_victims`) and
 which running requests a higher-priority one may preempt (:meth:`LoadControl.victims`);
 and whether a pool is losing requests to waiting (:meth:`LoadControl.losing`).
+Refusals test the deadline itself; the batch a request starts in and its catch-up aim
+``scheduler.delivery_ms`` earlier where a smaller batch gets it there (the time a result
+then takes to land as the caller's answer; :meth:`LoadControl.left_ms`).
 It changes nothing itself: the admission step :mod:`sidecar.admission.load` and the
 :class:`~sidecar.scheduler.Scheduler`'s dispatcher act on its answers.
 """
@@ -237,6 +240,12 @@ class LoadControl:
         return self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                         batch=self.batch_after_wait(req, ahead))
 
+    def left_ms(self, req: SidecarRequest, *, early: bool = False) -> int:
+        """Milliseconds ``req`` has to finish in: to its deadline, or with ``early`` to
+        its deadline less ``delivery_ms`` (the time its result then takes to become the
+        caller's answer)."""
+        return req.deadline_ts - (self.config.delivery_ms if early else 0) - now_ms()
+
     def finishes_in_time(self, req: SidecarRequest, wait_s: float,
                          ahead: int | None = None) -> bool:
         """Whether the deadline and the measured service time say ``req`` finishes in
@@ -246,7 +255,7 @@ class LoadControl:
         finished)."""
         if not self.estimator.warm:
             return False
-        left_ms = req.deadline_ts - now_ms()
+        left_ms = self.left_ms(req)
         service_s = self._service_after_wait_s(req, ahead)
         return self.config.deadline_slack * (wait_s + service_s) * 1000.0 <= left_ms
 
@@ -275,7 +284,7 @@ class LoadControl:
             return None
         if self.finishes_in_time(req, wait_s, ahead):
             return None
-        left_ms = req.deadline_ts - now_ms()
+        left_ms = self.left_ms(req)
         room = (f"the deadline, {left_ms} ms away, does not leave room for "
                 f"{'the rest of ' if queued else ''}its wait ({wait_s * 1000:.0f} ms) and "
                 f"its service ({self._service_after_wait_s(req, ahead) * 1000:.0f} ms at "
@@ -290,18 +299,19 @@ class LoadControl:
                        f"{req.priority}'s max_queue_delay_ms {limit}, and {room}")
 
     def fit_batch(self, req: SidecarRequest, wait_s: float, *,
-                  largest: bool = False) -> int | None:
+                  largest: bool = False, early: bool = False) -> int | None:
         """The batch size ``req`` should run in to finish by its deadline after waiting
         ``wait_s``: the batch it would join (sequences running plus itself; with
         ``largest``, the engine's ``max_in_flight``) when that fits, else the largest
         smaller batch that fits and that aborting late work and preempting lower work
         can reach (``preemption.shrink_batch``); ``None`` when none fits, so not even
-        the smallest batch the engine can give it."""
+        the smallest batch the engine can give it. ``early``: to finish by the deadline
+        less ``delivery_ms``."""
         assert req.priority is not None
         natural = min(self._in_flight() + 1, self.config.max_in_flight)
         if largest:
             natural = self.config.max_in_flight
-        left_ms = req.deadline_ts - now_ms()
+        left_ms = self.left_ms(req, early=early)
         slack = self.config.deadline_slack
 
         def fits(batch: int) -> bool:
@@ -324,8 +334,9 @@ class LoadControl:
                        ran_in: float) -> int | None:
         """For a running ``req`` that decoded at ``tpot_s`` per token so far, in a mean
         batch of ``ran_in`` sequences: the largest batch below the one the engine runs
-        now in which the rest of its expected answer still fits before its deadline,
-        scaled from its own speed by the engine's batch speed model; ``None`` when it is
+        now in which the rest of its expected answer still fits before its deadline less
+        ``delivery_ms`` or, when no reachable batch gets it there, before its deadline;
+        scaled from its own speed by the engine's batch speed model. ``None`` when it is
         on schedule, or when not even the smallest batch that preempting lower work can
         reach would do (others are not slowed down for nothing). The batch lever of
         :meth:`fit_batch`, applied again while it runs."""
@@ -334,24 +345,25 @@ class LoadControl:
         if not (self.config.deadline_admission and cfg.enabled and cfg.shrink_batch
                 and self.estimator.warm and tpot_s > 0.0):
             return None
-        left_s = (req.deadline_ts - now_ms()) / 1000.0
-        if left_s <= 0.0:
-            return None
         expected = self.estimator.expected_output_tokens(req.priority, req.max_tokens)
         remaining = max(min(expected, req.max_tokens) - req.output_tokens, 1.0)
         slack = self.config.deadline_slack
         speed = self.estimator.speed
-
-        def fits(batch: int) -> bool:
-            return slack * remaining * tpot_s * speed.ratio(batch, ran_in) <= left_s
-
         now_in = self._in_flight()
-        if fits(now_in):
-            return None
         floor = self.on_time_in_flight() - len(self.victims(req.priority))
-        for batch in range(now_in - 1, max(floor, 1) - 1, -1):
-            if fits(batch):
-                return batch
+        for early in (True, False) if self.config.delivery_ms else (False,):
+            left_s = self.left_ms(req, early=early) / 1000.0
+            if left_s <= 0.0:
+                continue
+
+            def fits(batch: int) -> bool:
+                return slack * remaining * tpot_s * speed.ratio(batch, ran_in) <= left_s
+
+            if fits(now_in):
+                return None
+            for batch in range(now_in - 1, max(floor, 1) - 1, -1):
+                if fits(batch):
+                    return batch
         return None
 
     def over_any_queue_watermark(self) -> bool:
@@ -385,7 +397,7 @@ class LoadControl:
         service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                              batch=min(self._in_flight() + 1,
                                                        self.config.max_in_flight))
-        left_ms = req.deadline_ts - now_ms()
+        left_ms = self.left_ms(req)
         return Refusal(RefusalReason.DEADLINE_INFEASIBLE,
                        f"after queueing, {left_ms} ms left is less than the estimated "
                        f"service time {service_s * 1000:.0f} ms")
@@ -428,11 +440,16 @@ class LoadControl:
         return None
 
     def target_batch(self, req: SidecarRequest) -> int | None:
-        """When ``req`` starts now: the largest batch it can meet its deadline in, when
-        that is below ``max_in_flight`` (lower work is preempted down to it and held
+        """When ``req`` starts now: the largest batch it can finish in by its deadline
+        less ``delivery_ms`` or, when no reachable batch gets it there, by its deadline,
+        when that is below ``max_in_flight`` (lower work is preempted down to it and held
         back while it runs), else ``None``."""
         if not (self.config.deadline_admission and self.estimator.warm
                 and self.config.preemption.shrink_batch):
             return None
-        batch = self.fit_batch(req, 0.0, largest=True)
+        batch = None
+        if self.config.delivery_ms:
+            batch = self.fit_batch(req, 0.0, largest=True, early=True)
+        if batch is None:
+            batch = self.fit_batch(req, 0.0, largest=True)
         return batch if batch is not None and batch < self.config.max_in_flight else None
