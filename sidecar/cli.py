@@ -85,9 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     A :class:`~sidecar.exceptions.ConfigError` (a wrong flag, file or setting) is
     printed as one line ``sts: <what> (<where>)`` with exit code 2; any other
     :class:`~sidecar.exceptions.SidecarError` (the engine failed to start or died, the
-    sidecar cannot be reached) as one line with exit code 1.
+    sidecar cannot be reached) as one line with exit code 1. Ctrl-C and SIGTERM stop a
+    command the same way, what it started stopped on the way out
+    (:mod:`sidecar.interrupts`): one line, exit code 130 or 143.
     """
     from sidecar.exceptions import ConfigError, SidecarError, one_line
+    from sidecar.interrupts import stopped, terminate_as_interrupt
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -95,8 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    terminate_as_interrupt()
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as e:
+        what, code = stopped(e)
+        print(f"sts: {what} (sts {args.command})", file=sys.stderr)
+        return code
     except ConfigError as e:
         print(f"sts: {e}", file=sys.stderr)
         return 2

@@ -201,6 +201,9 @@ class LoadSheddingConfig:
     """How long after a pool's last request lost to waiting it counts as losing."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.under_pressure, list):  # "[low]" on --set is not JSON
+            raise SidecarConfigError(f"load_shedding.under_pressure={self.under_pressure!r} "
+                                     'must be a list of priorities, e.g. ["low"]')
         if bad := [p for p in self.under_pressure if p not in ("low", "normal")]:
             raise SidecarConfigError(f"load_shedding.under_pressure={self.under_pressure!r}: "
                                      f"{bad} cannot be shed (only 'normal' and 'low')")

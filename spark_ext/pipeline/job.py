@@ -112,6 +112,20 @@ def _default_log(config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the job; SIGTERM stops it as Ctrl-C does (:mod:`sidecar.interrupts`): the
+    queries stopped, the last line printed, exit code 0 once they ran, else 130/143."""
+    from sidecar.interrupts import stopped, terminate_as_interrupt
+
+    terminate_as_interrupt()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:  # before the queries ran
+        what, code = stopped(e)
+        print(f"sts job: {what} before the queries ran", file=sys.stderr)
+        return code
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     for name, value in (("--timeout", args.timeout), ("--until-idle", args.until_idle)):
@@ -148,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     try:
         pipeline.start()
+    except KeyboardInterrupt:
+        pipeline.stop()
+        raise
     except PipelineConfigError as e:
         pipeline.stop()
         return _fail("starting the pipeline", e, args.log, code=2)
@@ -159,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(pipeline, args, failed: type[Exception]) -> int:
     """Progress lines until done; returns the exit code."""
+    from sidecar.interrupts import stopped
+
     started = last_event = last_print = time.monotonic()
     seen_rows = 0
     reason = "stopped"
@@ -185,8 +204,8 @@ def _run(pipeline, args, failed: type[Exception]) -> int:
                 reason = f"idle for {args.until_idle:g} s, every request answered"
                 break
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        reason = "interrupted"
+    except KeyboardInterrupt as e:
+        reason = stopped(e)[0]
     except failed as e:
         logging.getLogger("sts.job").error("The pipeline failed: %s", e)
         print(f"sts job: {e} (log: {args.log})", file=sys.stderr)

@@ -156,3 +156,37 @@ def test_demo_stops_at_once_with_one_line_when_its_sidecar_dies(tmp_path: Path) 
     assert "py4j" not in stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["incomplete"]
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_stops_the_demo_and_the_sidecar_it_started(tmp_path: Path) -> None:
+    """``timeout``, ``kill`` or a container stop send SIGTERM to the demo alone: it stops
+    what it started (its sidecar here) as on Ctrl-C, says so in one line and exits 143,
+    where Python's default would have left the sidecar running."""
+    import psutil
+
+    out = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    demo = subprocess.Popen([str(BIN / "sts"), "demo", "--engine", "simulated", "--rate", "4",
+                             "--duration", "60", "--out", str(out), "--no-l1l2"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("Sidecar serving on"):
+                break
+        sidecars = [p for p in psutil.Process(demo.pid).children(recursive=True)
+                    if f"--results-dir {out / 'results'}" in " ".join(p.cmdline())]
+        assert sidecars, "".join(lines)[-2000:]
+        demo.send_signal(signal.SIGTERM)
+        _, stderr = demo.communicate(timeout=180)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 143, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == "sts: terminated (SIGTERM) (sts demo)", stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert not [p.pid for p in sidecars if p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]

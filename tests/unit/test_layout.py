@@ -14,8 +14,9 @@ from tests.utils import REPO, library_modules
 #: Packages from the bottom up: a module may import only from its own layer or below.
 LAYERS = ("sidecar", "spark_ext", "sts_harness", "benchmarks")
 #: Sidecar modules other packages may import (besides the names ``sidecar/__init__.py``
-#: exports in ``__all__``): its contract, client and wire code.
-SIDECAR_PUBLIC = ("sidecar.contract", "sidecar.client", "sidecar.pb")
+#: exports in ``__all__``): its contract, client and wire code, and SIGTERM handled as
+#: Ctrl-C (the ``spark-submit`` job's too).
+SIDECAR_PUBLIC = ("sidecar.contract", "sidecar.client", "sidecar.pb", "sidecar.interrupts")
 #: The layers of ``spark_ext`` from the bottom up: its top-level modules (config,
 #: session, URIs, ...), then L0 sources, L1, L2, the hand-off to the sidecar, L4 and the
 #: pipeline that wires them. A module imports only from its own layer or below.
@@ -33,7 +34,7 @@ SIDECAR_LAYERS = (
      "sidecar.credentials", "sidecar.event_loop", "sidecar.lazy_exports", "sidecar.quantiles",
      "sidecar.timers", "sidecar.otel", "sidecar.gpu_metrics", "sidecar.shipped",
      "sidecar.stats_report", "sidecar.kinds", "sidecar.interceptors", "sidecar.pb",
-     "sidecar.client", "sidecar.owner_watch"),
+     "sidecar.client", "sidecar.owner_watch", "sidecar.interrupts"),
     ("sidecar.config", "sidecar.security"),
     ("sidecar.request_state", "sidecar.engines", "sidecar.model_prep", "sidecar.warmup",
      "sidecar.result_channels", "sidecar.acks", "sidecar.estimator", "sidecar.pools",

@@ -87,6 +87,8 @@ def test_under_pressure_is_a_list_of_the_priorities_it_sheds() -> None:
     assert check.check(make_sidecar_request("low-off", priority=LOW)) is None
     with pytest.raises(SidecarConfigError, match="under_pressure"):
         type(config.load_shedding)(under_pressure=["high"])
+    with pytest.raises(SidecarConfigError, match="must be a list"):  # --set ...=[low]
+        type(config.load_shedding)(under_pressure="[low]")
     with pytest.raises(SidecarConfigError, match="pressure_window_s"):
         type(config.load_shedding)(pressure_window_s=0)
 
