@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     (:mod:`sidecar.interrupts`): one line, exit code 130 or 143.
     """
     from sidecar.exceptions import ConfigError, SidecarError, one_line
-    from sidecar.interrupts import stopped, terminate_as_interrupt
+    from sidecar.interrupts import sigterm_as_interrupt, stopped
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    terminate_as_interrupt()
     try:
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():
+            return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
         what, code = stopped(e)
         print(f"sts: {what} (sts {args.command})", file=sys.stderr)

@@ -11,8 +11,10 @@ own handler over this one.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 
 #: Exit codes of a command stopped by a signal, as a shell reports them (128 + signal).
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -23,20 +25,28 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived; raised in the main thread wherever it was."""
 
 
-def terminate_as_interrupt() -> bool:
-    """Make SIGTERM raise :class:`Terminated` in the main thread, once: a second SIGTERM
-    while the first one's cleanup runs is ignored (SIGKILL still ends the process).
-    Returns ``False`` (and installs nothing) outside the main thread."""
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[bool]:
+    """Within the block SIGTERM raises :class:`Terminated` in the main thread, once: a
+    second SIGTERM while the first one's cleanup runs is ignored (SIGKILL still ends the
+    process). The previous handler is back after the block (``main()`` called from a
+    test leaves its process as it was). Yields ``False`` (and changes nothing) outside
+    the main thread."""
     if threading.current_thread() is not threading.main_thread():
-        return False
+        yield False
+        return
 
     def on_sigterm(signum: int, frame: object) -> None:
         # not SIG_IGN: an ignored signal stays ignored in the children exec'd from here
         signal.signal(signal.SIGTERM, lambda *_: None)
         raise Terminated()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    return True
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield True
+    finally:
+        if previous is not None:  # None: a handler not set from Python, left as it is
+            signal.signal(signal.SIGTERM, previous)
 
 
 def stopped(e: KeyboardInterrupt) -> tuple[str, int]:

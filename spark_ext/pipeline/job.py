@@ -114,11 +114,11 @@ def _default_log(config) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the job; SIGTERM stops it as Ctrl-C does (:mod:`sidecar.interrupts`): the
     queries stopped, the last line printed, exit code 0 once they ran, else 130/143."""
-    from sidecar.interrupts import stopped, terminate_as_interrupt
+    from sidecar.interrupts import sigterm_as_interrupt, stopped
 
-    terminate_as_interrupt()
     try:
-        return _main(argv)
+        with sigterm_as_interrupt():
+            return _main(argv)
     except KeyboardInterrupt as e:  # before the queries ran
         what, code = stopped(e)
         print(f"sts job: {what} before the queries ran", file=sys.stderr)

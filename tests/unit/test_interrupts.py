@@ -1,6 +1,7 @@
 """SIGTERM as Ctrl-C (:mod:`sidecar.interrupts`), in a child interpreter: the signal
 raises where the main thread is, so its ``finally`` runs; a second one during that
-cleanup is ignored; ``sts`` reports it in one line with exit code 143."""
+cleanup is ignored; the previous handler is back afterwards; ``sts`` reports it in one
+line with exit code 143."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ from tests.utils import REPO
 
 _CHILD = textwrap.dedent("""
     import os, signal, time
-    from sidecar.interrupts import Terminated, stopped, terminate_as_interrupt
+    from sidecar.interrupts import Terminated, sigterm_as_interrupt, stopped
 
-    assert terminate_as_interrupt()
     try:
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(30)
-            print("not interrupted")
-        finally:
-            os.kill(os.getpid(), signal.SIGTERM)  # a second one, during the cleanup
-            print("cleanup ran")
+        with sigterm_as_interrupt() as installed:
+            assert installed
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+                print("not interrupted")
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # a second one, during the cleanup
+                print("cleanup ran")
     except Terminated as e:
         print(stopped(e))
     print(stopped(KeyboardInterrupt()))
+    print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)  # as it was before
 """)
 
 
@@ -34,7 +37,7 @@ def test_sigterm_raises_in_the_main_thread_once_and_cleanup_runs() -> None:
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["cleanup ran", "('terminated (SIGTERM)', 143)",
-                                        "('interrupted', 130)"]
+                                        "('interrupted', 130)", "True"]
 
 
 def test_sts_reports_a_sigterm_in_one_line_with_exit_code_143() -> None:
