@@ -216,6 +216,15 @@ def loaded(spark, kafka_broker, tmp_path_factory: pytest.TempPathFactory
             return bool(answers) and float(answers[0]["value"][1]) == len(events)
 
         wait_until(scraped, 30, 0.2, what="Prometheus scraped the answers")
+        # A series first seen in that scrape (the fallback answers') has one sample, and
+        # rate() needs two: one more scrape of both targets.
+        counted_at = time.time()
+
+        def scraped_again() -> bool:
+            ups = prometheus.query("timestamp(up)")
+            return len(ups) == 2 and min(float(u["value"][1]) for u in ups) > counted_at
+
+        wait_until(scraped_again, 30, 0.2, what="one more scrape of both targets")
         # The listener has seen the answers query's batch: every Spark series is there.
         wait_until(lambda: prometheus.query('sts_spark_batches_total{query="sts-answers"}'),
                    30, 0.2, what="the answers query's micro-batch scraped")
