@@ -240,6 +240,11 @@ class LoadControl:
         return self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                         batch=self.batch_after_wait(req, ahead))
 
+    def _aims(self) -> tuple[bool, ...]:
+        """What the batch levers aim for, in turn: the deadline less ``delivery_ms``
+        (``early``) when it is set, then the deadline itself."""
+        return (True, False) if self.config.delivery_ms else (False,)
+
     def left_ms(self, req: SidecarRequest, *, early: bool = False) -> int:
         """Milliseconds ``req`` has to finish in: to its deadline, or with ``early`` to
         its deadline less ``delivery_ms`` (the time its result then takes to become the
@@ -351,7 +356,7 @@ class LoadControl:
         speed = self.estimator.speed
         now_in = self._in_flight()
         floor = self.on_time_in_flight() - len(self.victims(req.priority))
-        for early in (True, False) if self.config.delivery_ms else (False,):
+        for early in self._aims():
             left_s = self.left_ms(req, early=early) / 1000.0
             if left_s <= 0.0:
                 continue
@@ -447,9 +452,7 @@ class LoadControl:
         if not (self.config.deadline_admission and self.estimator.warm
                 and self.config.preemption.shrink_batch):
             return None
-        batch = None
-        if self.config.delivery_ms:
-            batch = self.fit_batch(req, 0.0, largest=True, early=True)
-        if batch is None:
-            batch = self.fit_batch(req, 0.0, largest=True)
-        return batch if batch is not None and batch < self.config.max_in_flight else None
+        for early in self._aims():
+            if (batch := self.fit_batch(req, 0.0, largest=True, early=early)) is not None:
+                return batch if batch < self.config.max_in_flight else None
+        return None
