@@ -107,8 +107,13 @@ def step_requests(schedule: Schedule, seed: int = 0) -> list[GeneratedRequest]:
     return [dataclasses.replace(r, index=i) for i, r in enumerate(out)]
 
 
+#: Loggers whose lines the run keeps: the controller's actions, the new executors' warm-up.
+SCALE_LOGGERS = ("spark_ext.pipeline.scaling", "spark_ext.pipeline.executor_warmup")
+
+
 class _ScaleLog(logging.Handler):
-    """Keeps the scaling controller's actions (its ``Scaling up/down`` lines)."""
+    """Keeps the scaling controller's actions (its ``Scaling up/down`` lines) and the
+    warm-ups of new executors (``Warm-up: ...``)."""
 
     def __init__(self, start: float) -> None:
         super().__init__(logging.INFO)
@@ -117,7 +122,7 @@ class _ScaleLog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if message.startswith("Scaling "):
+        if message.startswith(("Scaling ", "Warm-up")):
             self.actions.append({"t_s": round(record.created - self.start, 1),
                                  "message": message})
 
@@ -139,7 +144,7 @@ def _pipeline_config(work: Path, args: argparse.Namespace, elastic: bool):
         "answers": {"grace_ms": 1000},
         "scaling": {"enabled": elastic, "min_gpus": 1, "max_gpus": 4,
                     "up_window_s": args.up_window, "down_window_s": args.down_window,
-                    "cooldown_s": args.cooldown},
+                    "cooldown_s": args.cooldown, "warm_up": not args.no_warm_up},
         "output": {"out_dir": str(work / "tables"), "checkpoint_dir": str(work / "checkpoints"),
                    "triggers": {"submit": 0.5, "answers": 0.5}, "writer": args.writer,
                    "metrics_port": 0},
@@ -201,7 +206,8 @@ def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
         replayer = EventReplayer(work / "events", [r.arrival_s for r in requests],
                                  lambda start_ms: events_for_spark(requests, start_ms))
         scale_log = _ScaleLog(time.time())
-        logging.getLogger("spark_ext.pipeline.scaling").addHandler(scale_log)
+        for logger_name in SCALE_LOGGERS:
+            logging.getLogger(logger_name).addHandler(scale_log)
         samples: list[dict] = []
         replayer.start()
         started, next_print = time.monotonic(), 0.0
@@ -373,6 +379,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--up-window", type=float, default=60.0, help="scaling.up_window_s")
     p.add_argument("--down-window", type=float, default=180.0, help="scaling.down_window_s")
     p.add_argument("--cooldown", type=float, default=120.0, help="scaling.cooldown_s")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="scaling.warm_up: false (new executors warmed by the stream's tasks)")
     p.add_argument("--check-interval", type=float, default=30.0,
                    help="seconds between scale checks (the pipeline's 30 s)")
     p.add_argument("--max-tokens", type=int, default=300,
@@ -402,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     out = args.out.resolve()
     if args.one:
-        logging.getLogger("spark_ext.pipeline.scaling").setLevel(logging.INFO)
+        for logger_name in SCALE_LOGGERS:
+            logging.getLogger(logger_name).setLevel(logging.INFO)
         result = run_one(args.one, args, args.work_dir.resolve() / args.one)
         (out / f"{args.one}.json").write_text(json.dumps(result, indent=1))
         return 0

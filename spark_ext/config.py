@@ -745,6 +745,11 @@ class ScalingConfig:
     tolerance: float = 0.1
     """No change while the desired GPUs (unrounded) are within this share of the GPUs
     there are (Kubernetes' HPA default): a steady load near a boundary never flaps."""
+    warm_up: bool = True
+    """After a scale-up, run the sidecar check on each new executor as it registers, so
+    its Python workers and its GPU's sidecar start before the stream's tasks land there
+    (:mod:`spark_ext.pipeline.executor_warmup`); ``false``: the stream's first tasks
+    there start them, and the micro-batch waits."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_gpus <= self.max_gpus:

@@ -50,6 +50,9 @@ def gpu_cluster_session(work: Path, *, workers: int = 2, cores: int = 1,
     import pyspark
     from pyspark.sql import SparkSession
 
+    from spark_ext.session import pin_python_workers
+
+    pin_python_workers()  # spark.pyspark.python alone does not reach the executors' workers
     os.environ["STS_FAKE_GPU_DIR"] = str(work / "gpus")
     os.environ["SPARK_HOME"] = str(_spark_home(Path(pyspark.__file__).parent, work))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -29,6 +29,7 @@ the driver's ``/metrics`` (``sts_spark_scale``) for an outside autoscaler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -82,6 +83,8 @@ class ScaleDecision:
     target: int
     """GPUs to have after it (the current number for ``hold``)."""
     why: str
+    applied: bool = True
+    """Whether the cluster manager took it (``False``: refused, or cannot be asked here)."""
 
 
 class ScaleController:
@@ -162,6 +165,15 @@ class SparkExecutors:
         ids = self.sc._jsc.sc().getExecutorIds()
         return max(int(ids.size()), 1)
 
+    def starting(self) -> int:
+        """Executors far enough in their start to take tasks within moments: their block
+        manager has registered (in the executor's constructor, just before Spark offers
+        it tasks; an executor is counted by :meth:`current` seconds earlier)."""
+        if self.sc is None:
+            return 1
+        infos = self.sc._jsc.sc().statusTracker().getExecutorInfos()
+        return max(len(infos) - 1, 1)  # the driver's block manager is one of them
+
     def apply(self, decision: ScaleDecision, current: int) -> bool:
         """Ask for ``decision.target`` executors; ``False`` when the cluster manager
         cannot be asked here (logged once)."""
@@ -227,4 +239,5 @@ def scaling_step(controller: ScaleController, executors: SparkExecutors,
         applied = executors.apply(decision, current)
         logger.info("Scaling %s: %d -> %d GPU executors (%s)%s.", decision.action, current,
                     decision.target, decision.why, "" if applied else "; not applied")
+        decision = dataclasses.replace(decision, applied=applied)
     return decision

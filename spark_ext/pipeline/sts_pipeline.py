@@ -67,6 +67,7 @@ from spark_ext.pipeline.ticker import Ticker
 from spark_ext import storage
 from spark_ext.l4.writers import TableWriter, choose_writer
 from spark_ext.pipeline.run_ids import QueryRun, is_new_checkpoint, query_run
+from spark_ext.pipeline.executor_warmup import ExecutorWarmup
 from spark_ext.pipeline.scaling import (ScaleController, SparkExecutors, pipeline_scale,
                                         scaling_step)
 from spark_ext.schemas import spark_schema
@@ -728,13 +729,20 @@ class StsPipeline:
         scaling = self.config.scaling
         controller = ScaleController(scaling) if scaling.enabled else None
         executors = SparkExecutors(self.spark) if scaling.enabled else None
+        warmup = None if executors is None or not scaling.warm_up else ExecutorWarmup(
+            executors.starting, lambda: check_sidecars(self.spark, self.config.sidecar),
+            stopping=self._stopping)
 
         def step() -> object:
             try:
-                scale = pipeline_scale(self.check_sidecars(log_level=logging.DEBUG))
+                rows = self.check_sidecars(log_level=logging.DEBUG)
+                scale = pipeline_scale(rows)
                 if controller is None or executors is None or not scale["desired_gpus"]:
                     return None
-                return scaling_step(controller, executors, scale["desired_gpus_exact"])
+                decision = scaling_step(controller, executors, scale["desired_gpus_exact"])
+                if decision.action == "up" and decision.applied and warmup is not None:
+                    warmup.start(decision.target, {r["executor"] for r in rows})
+                return decision
             except Exception as e:  # the next check tries again
                 logger.warning("The scale check failed (the next one in %.0f s): %s",
                                SCALE_CHECK_INTERVAL_S, one_line_reason(e))

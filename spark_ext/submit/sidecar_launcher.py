@@ -286,6 +286,12 @@ def executor_pid() -> int | None:
     return None
 
 
+def executor_name() -> str:
+    """This task's executor as ``host:pid`` of its JVM (``host:?`` outside a JVM): what
+    tells a new executor from one that was there (:mod:`spark_ext.pipeline.executor_warmup`)."""
+    return f"{socket.gethostname()}:{executor_pid() or '?'}"
+
+
 def _wait_serving(config: SidecarEndpointConfig, endpoint: str, pid: int, log: Path,
                   deadline: float, *, exit_ok: bool = False, warn: bool = True
                   ) -> bool | None:

@@ -25,7 +25,8 @@ from spark_ext.config import SidecarEndpointConfig
 from spark_ext.exceptions import SidecarAuthError
 from spark_ext.schemas import spark_schema
 from spark_ext.submit.ack_channel import AckChannel
-from spark_ext.submit.sidecar_launcher import endpoint_for, for_tasks, task_gpu, task_sidecar
+from spark_ext.submit.sidecar_launcher import (endpoint_for, executor_name, for_tasks, task_gpu,
+                                               task_sidecar)
 from spark_ext.tracing import SubmitSpans, driver_otel_env, task_tracing
 from spark_ext.worker_gc import freeze_loaded
 
@@ -272,7 +273,8 @@ SIDECAR_CHECK_SCHEMA = pa.schema([("partition", pa.int64()), ("endpoint", pa.str
                                   ("sidecar_id", pa.string()), ("gpus", pa.int32()),
                                   ("desired_gpus", pa.int32()),
                                   ("desired_gpus_exact", pa.float64()),
-                                  ("demand_tokens_per_s", pa.float64())])
+                                  ("demand_tokens_per_s", pa.float64()),
+                                  ("executor", pa.string())])
 
 
 def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
@@ -304,7 +306,8 @@ def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointC
          "gpus": [scale.gpus if scale else None],
          "desired_gpus": [scale.desired_gpus if scale else None],
          "desired_gpus_exact": [scale.desired_gpus_exact if scale else None],
-         "demand_tokens_per_s": [scale.demand_tokens_per_s if scale else None]},
+         "demand_tokens_per_s": [scale.demand_tokens_per_s if scale else None],
+         "executor": [executor_name()]},
         schema=SIDECAR_CHECK_SCHEMA)
 
 

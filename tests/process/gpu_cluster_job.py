@@ -101,11 +101,15 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
     on the standalone backend: release one executor (2 -> 1) while both sidecars hold
     work (a round of longer requests just acknowledged), then ask for one (1 -> 2). The
     released executor's sidecar must finish that work and then exit (``orphan_exit_s``);
-    the new executor's first tasks start its GPU's sidecar again, and the time from the
-    decision to its first answer is reported."""
+    the warm-up after the scale-up (:mod:`spark_ext.pipeline.executor_warmup`) starts the
+    new executor's Python workers and its GPU's sidecar before any request is sent, and
+    the time from the decision to its first answer is reported."""
+    from sidecar.client import SidecarClient
     from sidecar.contract import now_ms
+    from spark_ext.pipeline.executor_warmup import ExecutorWarmup
     from spark_ext.pipeline.scaling import ScaleDecision, SparkExecutors
-    from spark_ext.submit.submission import submit_requests
+    from spark_ext.submit.sidecar_launcher import endpoint_for
+    from spark_ext.submit.submission import check_sidecars, submit_requests
     from sts_harness.result_check import wait_for_results
 
     pids = _sidecar_pids(run)
@@ -126,9 +130,17 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
                   for gpu, pid in pids.items() if not _running(pid)}
         time.sleep(0.2)
     by_id = wait_for_results(results, {a["request_id"] for a in acks}, timeout_s=120.0)
+    known = {r["executor"] for r in check_sidecars(spark, config)}
     decided_ms = now_ms()
     up = executors.apply(ScaleDecision("up", before, "test"), after_down)
+    # What the pipeline does after a scale-up: the check on each executor as it comes.
+    warm = ExecutorWarmup(executors.starting, lambda: check_sidecars(spark, config),
+                          timeout_s=120.0).run(before, known)
     up_s = until_executors(spark, before)
+    warm_serving = {}
+    for gpu in exited:
+        with SidecarClient(endpoint_for(config, gpu), timeout_s=5.0) as client:
+            warm_serving[gpu] = client.is_serving()
     # The new executor's first tasks start its GPU's sidecar (lazily) and are answered.
     requests = (spark.range(ROWS, numPartitions=TASKS)
                 .mapInArrow(lambda it: _requests(it, 4), REQUEST_DDL))
@@ -146,7 +158,10 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
             "drain_acks": acks, "drain_statuses": sorted(r["status"] for r in by_id.values()),
             "drain_sidecars": sorted({r["sidecar_id"] for r in by_id.values()}),
             "sidecar_exited_s": exited,
-            "still_running": sorted(gpu for gpu, pid in pids.items() if _running(pid))}
+            "still_running": sorted(gpu for gpu, pid in pids.items() if _running(pid)),
+            "warm_up": {"known": sorted(known), "warmed": warm.warmed, "jobs": warm.jobs,
+                        "timed_out": warm.timed_out, "seconds": warm.seconds,
+                        "serving_before_requests": warm_serving}}
 
 
 def _read_with_results_stream(spark, results: Path, work: Path) -> list[dict]:

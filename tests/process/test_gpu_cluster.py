@@ -86,6 +86,19 @@ def test_the_scaling_actuator_releases_and_adds_an_executor(report: dict) -> Non
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
+def test_the_warm_up_starts_a_new_executors_sidecar_before_its_first_request(
+        report: dict) -> None:
+    """The stall at scale-up (issue 32): after the scale-up, the warm-up's check reaches
+    the new executor (a JVM that was not there) and starts its GPU's sidecar, so the
+    stream's first task there finds it serving instead of starting it."""
+    warm = report["scaling"]["warm_up"]
+    assert not warm["timed_out"], warm
+    assert len(warm["warmed"]) == 1 and warm["warmed"][0] not in warm["known"], warm
+    assert list(warm["serving_before_requests"].values()) == [True], warm
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
 def test_a_released_executors_sidecar_finishes_what_it_holds_then_exits(report: dict) -> None:
     """Scale-in loses no answer and frees the GPU (issue 32, item 4): an executor is
     decommissioned while both sidecars hold a round of ~5 s requests; its sidecar (its

@@ -149,6 +149,7 @@ def test_a_driver_that_cannot_ask_logs_once_and_keeps_the_signal(caplog) -> None
         first = scaling_step(controller, executors, desired=3, clock=lambda: 0.0)
         scaling_step(controller, executors, desired=3, clock=lambda: 1.0)
     assert (first.action, first.target, context.asked) == ("up", 3, [3, 3])
+    assert not first.applied  # so no warm-up waits for executors that will not come
     refusals = [r for r in caplog.records if "cannot add or remove executors" in r.message]
     assert len(refusals) == 1
     assert any("not applied" in r.message for r in caplog.records)
@@ -168,6 +169,7 @@ def test_a_failing_scale_check_is_a_warning_not_the_pipelines_failure(caplog) ->
     pipeline = object.__new__(StsPipeline)  # only what the scale check reads
     pipeline.config = PipelineConfig.from_dict({"scaling": {"enabled": True}})
     pipeline.spark = None
+    pipeline._stopping = None
     calls = []
 
     def check_sidecars(**kw):
