@@ -47,14 +47,20 @@ def _restarted(spark, config: PipelineConfig, bootstrap: str, topic: str,
                while_stopped: list[tuple[str, bytes]], expected: int
                ) -> tuple[StsPipeline, dict[str, dict]]:
     """``while_stopped`` produced while no pipeline runs, then a pipeline started again
-    from the checkpoints until ``expected`` events are answered; it is stopped and
-    returned with the answers (one row per event)."""
+    from the checkpoints until ``expected`` events are answered and have their
+    ``requests`` record; it is stopped and returned with the answers (one row per event).
+
+    A request's record comes from its ack (the acks topic), its answer from the result
+    topic: a result may land before its ack, so the answers can be complete a micro-batch
+    before the records are."""
     _produce(bootstrap, topic, while_stopped)
     restarted = StsPipeline(spark, config)
     restarted.start()
     try:
         _until_answered(restarted, expected)
         restarted.process_all_available()
+        wait_until(lambda: restarted.store.read("requests", ["request_id"]).num_rows >= expected,
+                   timeout_s=60, what=f"{expected} requests records")
         return restarted, _answers_by_event(restarted)
     finally:
         restarted.stop()
