@@ -112,9 +112,10 @@ def test_a_spike_inside_the_down_window_holds_the_capacity() -> None:
 
 
 class _RefusingContext:
-    """A SparkContext whose scheduler backend cannot add executors (local mode)."""
+    """A SparkContext whose scheduler backend cannot add executors (local mode), or with
+    ``accept`` one that can."""
 
-    def __init__(self) -> None:
+    def __init__(self, accept: bool = False) -> None:
         self.asked: list[int] = []
         jsc = self
 
@@ -124,7 +125,7 @@ class _RefusingContext:
 
             def requestTotalExecutors(self, n, locality_aware_tasks, host_counts):
                 jsc.asked.append(n)
-                return False
+                return accept
 
         class _Jsc:
             def sc(self):
@@ -182,3 +183,35 @@ def test_a_failing_scale_check_is_a_warning_not_the_pipelines_failure(caplog) ->
         assert step() is None and step() is None
     assert len(calls) == 2 and calls[0] == {"log_level": logging.DEBUG}
     assert "The scale check failed" in caplog.text and "executor 1 lost" in caplog.text
+
+
+@pytest.mark.parametrize("accept", [True, False])
+def test_an_applied_scale_up_starts_the_warm_up_with_the_executors_there(
+        monkeypatch, accept: bool) -> None:
+    """The scale check hands an applied scale-up to the warm-up (the executors its own
+    check rows came from are the ones known); a refused one starts nothing."""
+    from spark_ext.pipeline import sts_pipeline
+    from spark_ext.pipeline.sts_pipeline import StsPipeline
+
+    started = []
+
+    class _Warmup:
+        def __init__(self, registered, check, *, stopping) -> None:
+            pass
+
+        def start(self, target: int, known: set[str]) -> bool:
+            started.append((target, known))
+            return True
+
+    monkeypatch.setattr(sts_pipeline, "ExecutorWarmup", _Warmup)
+    pipeline = object.__new__(StsPipeline)  # only what the scale check reads
+    pipeline.config = PipelineConfig.from_dict(
+        {"scaling": {"enabled": True, "up_window_s": 0, "cooldown_s": 0}})
+    pipeline.spark = SimpleNamespace(sparkContext=_RefusingContext(accept=accept))
+    pipeline._stopping = None
+    rows = [{"sidecar_id": "a", "gpus": 1, "desired_gpus_exact": 2.6,
+             "demand_tokens_per_s": 900.0, "executor": "h:1"}]
+    pipeline.check_sidecars = lambda **kw: rows
+    decision = pipeline._scaler()()
+    assert (decision.action, decision.target, decision.applied) == ("up", 3, accept)
+    assert started == ([(3, {"h:1"})] if accept else [])
