@@ -100,6 +100,9 @@ def test_delta_on_spark_answers_once_into_catalog_tables(spark, tmp_path: Path) 
     assert props["delta.enableDeletionVectors"] == "false"  # deltalake reads it too
     assert props["delta.enableChangeDataFeed"] == "true"
     assert props["delta.autoOptimize.autoCompact"] == "true"  # it compacts as it writes
+    assert props["delta.checkpointInterval"] == "100"  # not inside every tenth append
+    assert {r["key"]: r["value"] for r in spark.sql(  # a table its first append made
+        f"SHOW TBLPROPERTIES {names['requests']}").collect()}["delta.checkpointInterval"] == "100"
 
 
 def test_each_writer_continues_and_reads_the_others_tables(spark, tmp_path: Path) -> None:
@@ -178,6 +181,45 @@ def test_delta_on_spark_compacts_as_it_writes_and_vacuums_only_when_asked(
     operations = [h["operation"] for h in spark.sql(f"DESCRIBE HISTORY {where}").collect()]
     assert "OPTIMIZE" not in operations[:len(operations) - versions]
     assert "VACUUM END" in operations  # the vacuum ran (nothing old enough to delete)
+
+
+def test_the_log_is_checkpointed_every_hundred_appends_not_every_ten(
+        spark, tmp_path: Path) -> None:
+    """Delta checkpoints a table's log inside the commit of every tenth version by default
+    (a micro-batch several times slower than the others): the writer's tables say every
+    100th, also one its first append makes; a table of the pipeline made without it gets
+    it at start, and one whose owner chose an interval keeps theirs."""
+    from pyspark.sql import functions as F
+
+    from spark_ext.config import OutputConfig
+    from spark_ext.l4.writers.spark import SparkWriter
+
+    output = OutputConfig(out_dir=str(tmp_path / "tables"), checkpoint_dir=str(tmp_path / "c"))
+    writer = SparkWriter(output, ("event_id",))
+    log = tmp_path / "tables" / "requests" / "_delta_log"
+
+    def interval(name: str) -> str | None:
+        return {r["key"]: r["value"] for r in spark.sql(
+            f"SHOW TBLPROPERTIES {writer.ref(name)}").collect()}.get("delta.checkpointInterval")
+
+    for version in range(12):
+        rows = spark.range(version, version + 1).select(
+            F.col("id").cast("string").alias("request_id"),
+            F.lit("2026-12-05T07").alias("enqueue_hour"))
+        writer.append("requests", rows, app_id="checkpoint-test", version=version)
+    assert interval("requests") == "100"
+    assert not list(log.glob("*.checkpoint.parquet"))  # Delta's default: version 10's
+    assert spark.read.format("delta").load(str(log.parent)).count() == 12
+
+    made_without = tmp_path / "tables" / "results"  # e.g. by an earlier version
+    spark.range(1).select(F.col("id").cast("string").alias("request_id"),
+                          F.lit("2026-12-05T07").alias("enqueue_hour")) \
+        .write.format("delta").partitionBy("enqueue_hour").save(str(made_without))
+    spark.sql(f"ALTER TABLE {writer.ref('requests')} SET TBLPROPERTIES "
+              "('delta.checkpointInterval' = '25')")  # its owner's choice
+    writer.create_tables(spark)
+    assert interval("results") == interval("answers") == "100"
+    assert interval("requests") == "25"
 
 
 @pytest.mark.slow

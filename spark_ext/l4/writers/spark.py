@@ -38,12 +38,29 @@ from spark_ext.uris import is_local_uri
 
 logger = logging.getLogger(__name__)
 
+#: Delta checkpoints a table's log inside the commit whose version is a multiple of
+#: ``delta.checkpointInterval``: with Delta's default, 10, one answers micro-batch in ten
+#: took 2.3-3.3 s instead of 0.3-0.4 s (200 events/s, 2 cores), and the model's answers
+#: of the next micro-batch waited for it. At 100 that append comes ten times less often,
+#: and a reader that opens the table replays up to 99 small JSON commits (measured: +0.06
+#: s for a Spark read, +0.015 s for delta-rs, on local disk). Writing the checkpoints from
+#: a driver thread instead was tried: its Spark jobs took the task slots of both queries
+#: and cost more than it saved on 2 cores (benchmarks/RESULTS.md section 32).
+CHECKPOINT_INTERVAL = 100
 #: Table properties of every table the writer creates: deletion vectors off (``deltalake``
-#: reads the tables too) and Delta's auto compaction on, so the one writer of a table
+#: reads the tables too), Delta's auto compaction on, so the one writer of a table
 #: compacts the partition it just wrote once it holds enough small files (a post-commit
-#: step of that same write: no second writer, nothing to conflict with).
+#: step of that same write: no second writer, nothing to conflict with), and the log
+#: checkpointed every :data:`CHECKPOINT_INTERVAL` commits.
 TABLE_PROPERTIES = {"delta.enableDeletionVectors": "false",
-                    "delta.autoOptimize.autoCompact": "true"}
+                    "delta.autoOptimize.autoCompact": "true",
+                    "delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
+#: Of :data:`TABLE_PROPERTIES`, those a table of the pipeline made without them gets at
+#: start (a value its owner set is kept): property -> (value, what it is, for the log).
+ALIGNED_PROPERTIES = {"delta.autoOptimize.autoCompact": ("true", "auto compaction on"),
+                      "delta.checkpointInterval": (str(CHECKPOINT_INTERVAL),
+                                                   f"a log checkpoint every "
+                                                   f"{CHECKPOINT_INTERVAL} commits")}
 #: ... and of the ``answers`` and ``shadow_answers`` tables besides.
 ANSWER_TABLE_PROPERTIES = {**TABLE_PROPERTIES, "delta.enableChangeDataFeed": "true"}
 
@@ -111,17 +128,16 @@ class SparkWriter(TableWriter):
     def create_tables(self, spark: SparkSession) -> None:
         """``answers`` and ``shadow_answers`` with their columns, partitioning and
         properties, unless they exist (a table of another shape at that place is left
-        alone and the first write then says what is wrong); auto compaction turned on
-        for every table of the pipeline made without it."""
+        alone and the first write then says what is wrong); auto compaction and the
+        checkpoint interval set on every table of the pipeline made without them."""
         fields = spark_schema(answer_schema(self.key_columns)).fields
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in fields)
         for name, extra in (("answers", ""), (SHADOW_ANSWERS, ", `model_text` string")):
             props = ", ".join(f"'{k}' = '{v}'" for k, v in ANSWER_TABLE_PROPERTIES.items())
             spark.sql(f"CREATE TABLE IF NOT EXISTS {self.ref(name)} ({columns}{extra}) "
                       f"USING delta PARTITIONED BY (`{PARTITION}`) TBLPROPERTIES ({props})")
-        if changed := self._compact_existing(spark, TABLE_NAMES):
-            logger.info("Auto compaction turned on for %s (made without it).",
-                        ", ".join(changed))
+        for name, what in self._align_existing(spark, TABLE_NAMES).items():
+            logger.info("Table %s: %s (made without).", name, ", ".join(what))
 
     def table(self, spark: SparkSession, name: str) -> DataFrame:
         if self.by_name(name):
@@ -307,23 +323,28 @@ class SparkWriter(TableWriter):
                             name, str(e).splitlines()[0][:200])
                 spark.sql(f"VACUUM {self.ref(name)} {retain}").collect()
 
-    def _compact_existing(self, spark: SparkSession, names: tuple[str, ...]) -> list[str]:
-        """Turn auto compaction on for those of ``names`` that exist without it (made by
-        ``deltalake`` or an earlier version); one metadata commit each, made at start
-        before any query writes. Returns the tables changed."""
-        changed = []
-        key, value = "delta.autoOptimize.autoCompact", TABLE_PROPERTIES[
-            "delta.autoOptimize.autoCompact"]
+    def _align_existing(self, spark: SparkSession, names: tuple[str, ...]
+                        ) -> dict[str, list[str]]:
+        """Set :data:`ALIGNED_PROPERTIES` on those of ``names`` that exist without them
+        (made by ``deltalake`` or an earlier version; auto compaction is set when it is
+        not on, the checkpoint interval only when the table has none of its own); one
+        metadata commit per table changed, made at start before any query writes.
+        Returns table -> what was set."""
+        changed = {}
         for name in names:
             if not self.exists(spark, name):
                 continue
             props = {r["key"]: r["value"] for r in
                      spark.sql(f"SHOW TBLPROPERTIES {self.ref(name)}").collect()}
-            if props.get(key) == value:
+            wanted = {key: value for key, (value, _) in ALIGNED_PROPERTIES.items()
+                      if props.get(key) != value
+                      and (key == "delta.autoOptimize.autoCompact" or key not in props)}
+            if not wanted:
                 continue
+            pairs = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
             self._retry(lambda: spark.sql(f"ALTER TABLE {self.ref(name)} SET TBLPROPERTIES "
-                                          f"('{key}' = '{value}')").collect(), name)
-            changed.append(name)
+                                          f"({pairs})").collect(), name)
+            changed[name] = [ALIGNED_PROPERTIES[k][1] for k in wanted]
         return changed
 
 
