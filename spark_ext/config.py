@@ -607,9 +607,10 @@ class OutputConfig:
     records_interval_s: float | None = None
     """How often the ``requests``, ``results``, ``dead_letters`` and ``review_queue``
     tables get their new rows: once per interval, in one commit per table (the answers
-    query holds them in its state meanwhile), so a micro-batch pays for one commit, the
-    answers'. 0: every micro-batch. ``None``: 10 s with Delta on Spark (a commit there
-    costs about a second), every micro-batch with ``deltalake`` (milliseconds)."""
+    query holds them in its state meanwhile; ``requests`` and ``results`` half an interval
+    apart), so a micro-batch pays for one commit, the answers'. 0: every micro-batch.
+    ``None``: 10 s with Delta on Spark (a commit there costs about a second), every
+    micro-batch with ``deltalake`` (milliseconds)."""
 
     idle_poll_ms: int = 50
     """How often an idle query looks for new input (Spark's

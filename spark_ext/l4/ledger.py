@@ -323,14 +323,25 @@ def ledger_step(state: LedgerState, candidates: pa.Table, *, now: int,
 
 #: Most records a bucket holds between flushes (then it flushes at once).
 MAX_HELD_RECORDS = 50_000
+#: Where in each window a record table's flush falls (a share of the window): ``requests``
+#: and ``results``, the two that have rows every window, half a window apart, so no
+#: micro-batch commits both (measured at 200 events/s on 2 cores: 0.7-1.3 s each).
+RECORD_PHASES = {"requests": 0.0, "results": 0.5, "dead_letters": 0.25, "review_queue": 0.75}
+
+
+def _window_start(table: str, at: int, every_ms: int) -> int:
+    """The start of table ``table``'s window that holds time ``at`` (epoch ms)."""
+    shift = int(every_ms * RECORD_PHASES.get(table, 0.0))
+    return (at - shift) // every_ms * every_ms + shift
 
 
 def hold_records(held: pa.Table, records: pa.Table, *, now: int, every_ms: int
                  ) -> tuple[pa.Table, pa.Table]:
-    """Records to write now and records to hold: they are written in the first
-    micro-batch of each ``every_ms`` window (epoch-aligned, so every bucket flushes in
-    the same micro-batch: one commit per table per window), all at once with
-    ``every_ms`` = 0 or past :data:`MAX_HELD_RECORDS`.
+    """Records to write now and records to hold: a table's records are written in the
+    first micro-batch of each of its ``every_ms`` windows (epoch-aligned and shifted by
+    :data:`RECORD_PHASES`, so every bucket flushes a table in the same micro-batch: one
+    commit per table per window, and two tables in different micro-batches), all at
+    once with ``every_ms`` = 0 or past :data:`MAX_HELD_RECORDS`.
 
     Returns:
         (records to write, records still held).
@@ -349,10 +360,16 @@ def hold_records(held: pa.Table, records: pa.Table, *, now: int, every_ms: int
     both = pa.concat_tables([held, records]) if held.num_rows else records
     if every_ms <= 0 or both.num_rows >= MAX_HELD_RECORDS or both.num_rows == 0:
         return both, both.schema.empty_table()
-    oldest = pc.min(both.column("_now")).as_py()
-    if oldest is not None and oldest // every_ms < now // every_ms:
-        return both, both.schema.empty_table()
-    return both.schema.empty_table(), both
+    due = pa.array([False] * both.num_rows)
+    tables = both.column("_table")
+    for table in pc.unique(tables).to_pylist():
+        mine = pc.fill_null(pc.equal(tables, table), False) if table is not None \
+            else pc.is_null(tables)
+        oldest = pc.min(both.filter(mine).column("_now")).as_py()
+        if oldest is not None and \
+                _window_start(table, oldest, every_ms) < _window_start(table, now, every_ms):
+            due = pc.or_(due, mine)
+    return both.filter(due), both.filter(pc.invert(due))
 
 
 def stats_payload(state: LedgerState, every_ms: int) -> dict[str, Any]:
@@ -360,9 +377,13 @@ def stats_payload(state: LedgerState, every_ms: int) -> dict[str, Any]:
     remembered, records held, and the next time the bucket has work without any new
     arrival: a fallback falling due, or held records to flush (``None``: none)."""
     due = [pc.min(state.open.column("_due_ts")).as_py()] if state.open.num_rows else []
-    if state.held.num_rows:
-        oldest = pc.min(state.held.column("_now")).as_py()
-        due.append((oldest // every_ms + 1) * every_ms)
+    tables = state.held.column("_table")
+    for table in pc.unique(tables).to_pylist() if state.held.num_rows else []:
+        mine = pc.fill_null(pc.equal(tables, table), False) if table is not None \
+            else pc.is_null(tables)
+        oldest = pc.min(state.held.filter(mine).column("_now")).as_py()
+        if oldest is not None:
+            due.append(_window_start(table, oldest, every_ms) + every_ms)
     return {"open": state.open.num_rows, "remembered": state.answered.num_rows,
             "held": state.held.num_rows, "next_due_ts": min(due) if due else None}
 

@@ -122,7 +122,7 @@ def test_state_survives_its_bytes() -> None:
 
 
 def test_records_are_held_until_the_next_window() -> None:
-    record = lambda t: {"_kind": RECORD, "_table": "results", "_now": t}  # noqa: E731
+    record = lambda t: {"_kind": RECORD, "_table": "requests", "_now": t}  # noqa: E731
     rows = pa.Table.from_pylist([record(T0)], SCHEMA)
     out, held = hold_records(SCHEMA.empty_table(), rows, now=T0, every_ms=10_000)
     assert (out.num_rows, held.num_rows) == (0, 1)
@@ -133,6 +133,25 @@ def test_records_are_held_until_the_next_window() -> None:
     assert (out.num_rows, held.num_rows) == (2, 0)
     out, held = hold_records(SCHEMA.empty_table(), rows, now=T0, every_ms=0)
     assert (out.num_rows, held.num_rows) == (1, 0)
+
+
+def test_the_record_tables_flush_half_a_window_apart() -> None:
+    """``requests`` and ``results`` hold records for the same 10 s windows, shifted by
+    5 s against each other: no micro-batch commits both, and a bucket's next wake-up is
+    the earlier of the two."""
+    start = T0 - T0 % 10_000  # a window's start for requests, mid-window for results
+    held = pa.Table.from_pylist([{"_kind": RECORD, "_table": t, "_now": start + 1_000}
+                                 for t in ("requests", "results")], SCHEMA)
+    st = LedgerState(LedgerState.empty(SCHEMA).answered, SCHEMA.empty_table(), held)
+    assert stats_payload(st, 10_000)["next_due_ts"] == start + 5_000  # results' window ends
+    flushed = []
+    for now in range(start + 2_000, start + 22_000, 1_000):
+        out, held = hold_records(held, SCHEMA.empty_table(), now=now, every_ms=10_000)
+        flushed += [(now - start, t) for t in sorted(set(out.column("_table").to_pylist()))]
+        new = [{"_kind": RECORD, "_table": t, "_now": now} for t in ("requests", "results")]
+        held = pa.concat_tables([held, pa.Table.from_pylist(new, SCHEMA)])
+    assert flushed == [(5_000, "results"), (10_000, "requests"), (15_000, "results"),
+                       (20_000, "requests")]
 
 
 def _results(*rows: dict) -> pa.Table:
