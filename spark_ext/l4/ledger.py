@@ -329,10 +329,20 @@ MAX_HELD_RECORDS = 50_000
 RECORD_PHASES = {"requests": 0.0, "results": 0.5, "dead_letters": 0.25, "review_queue": 0.75}
 
 
-def _window_start(table: str, at: int, every_ms: int) -> int:
+def _window_start(table: str | None, at: int, every_ms: int) -> int:
     """The start of table ``table``'s window that holds time ``at`` (epoch ms)."""
-    shift = int(every_ms * RECORD_PHASES.get(table, 0.0))
+    shift = int(every_ms * RECORD_PHASES.get(table or "", 0.0))
     return (at - shift) // every_ms * every_ms + shift
+
+
+def _held_by_table(held: pa.Table) -> Iterator[tuple[str | None, Any, int | None]]:
+    """Each record table in ``held``: its name, the mask of its rows, its oldest
+    ``_now``."""
+    tables = held.column("_table")
+    for table in pc.unique(tables).to_pylist() if held.num_rows else []:
+        mine = pc.fill_null(pc.equal(tables, table), False) if table is not None \
+            else pc.is_null(tables)
+        yield table, mine, pc.min(held.filter(mine).column("_now")).as_py()
 
 
 def hold_records(held: pa.Table, records: pa.Table, *, now: int, every_ms: int
@@ -361,11 +371,7 @@ def hold_records(held: pa.Table, records: pa.Table, *, now: int, every_ms: int
     if every_ms <= 0 or both.num_rows >= MAX_HELD_RECORDS or both.num_rows == 0:
         return both, both.schema.empty_table()
     due = pa.array([False] * both.num_rows)
-    tables = both.column("_table")
-    for table in pc.unique(tables).to_pylist():
-        mine = pc.fill_null(pc.equal(tables, table), False) if table is not None \
-            else pc.is_null(tables)
-        oldest = pc.min(both.filter(mine).column("_now")).as_py()
+    for table, mine, oldest in _held_by_table(both):
         if oldest is not None and \
                 _window_start(table, oldest, every_ms) < _window_start(table, now, every_ms):
             due = pc.or_(due, mine)
@@ -377,11 +383,7 @@ def stats_payload(state: LedgerState, every_ms: int) -> dict[str, Any]:
     remembered, records held, and the next time the bucket has work without any new
     arrival: a fallback falling due, or held records to flush (``None``: none)."""
     due = [pc.min(state.open.column("_due_ts")).as_py()] if state.open.num_rows else []
-    tables = state.held.column("_table")
-    for table in pc.unique(tables).to_pylist() if state.held.num_rows else []:
-        mine = pc.fill_null(pc.equal(tables, table), False) if table is not None \
-            else pc.is_null(tables)
-        oldest = pc.min(state.held.filter(mine).column("_now")).as_py()
+    for table, _, oldest in _held_by_table(state.held):
         if oldest is not None:
             due.append(_window_start(table, oldest, every_ms) + every_ms)
     return {"open": state.open.num_rows, "remembered": state.answered.num_rows,
