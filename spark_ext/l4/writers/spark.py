@@ -56,11 +56,11 @@ TABLE_PROPERTIES = {"delta.enableDeletionVectors": "false",
                     "delta.autoOptimize.autoCompact": "true",
                     "delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
 #: Of :data:`TABLE_PROPERTIES`, those a table of the pipeline made without them gets at
-#: start (a value its owner set is kept): property -> (value, what it is, for the log).
-ALIGNED_PROPERTIES = {"delta.autoOptimize.autoCompact": ("true", "auto compaction on"),
-                      "delta.checkpointInterval": (str(CHECKPOINT_INTERVAL),
-                                                   f"a log checkpoint every "
-                                                   f"{CHECKPOINT_INTERVAL} commits")}
+#: start: property -> (what it is, for the log; whether a value its owner set is kept).
+ALIGNED_PROPERTIES = {
+    "delta.autoOptimize.autoCompact": ("auto compaction on", False),
+    "delta.checkpointInterval": (f"a log checkpoint every {CHECKPOINT_INTERVAL} commits", True),
+}
 #: ... and of the ``answers`` and ``shadow_answers`` tables besides.
 ANSWER_TABLE_PROPERTIES = {**TABLE_PROPERTIES, "delta.enableChangeDataFeed": "true"}
 
@@ -327,7 +327,7 @@ class SparkWriter(TableWriter):
                         ) -> dict[str, list[str]]:
         """Set :data:`ALIGNED_PROPERTIES` on those of ``names`` that exist without them
         (made by ``deltalake`` or an earlier version; auto compaction is set when it is
-        not on, the checkpoint interval only when the table has none of its own); one
+        not on, the checkpoint interval only when the table has none of its owner's); one
         metadata commit per table changed, made at start before any query writes.
         Returns table -> what was set."""
         changed = {}
@@ -336,15 +336,16 @@ class SparkWriter(TableWriter):
                 continue
             props = {r["key"]: r["value"] for r in
                      spark.sql(f"SHOW TBLPROPERTIES {self.ref(name)}").collect()}
-            wanted = {key: value for key, (value, _) in ALIGNED_PROPERTIES.items()
-                      if props.get(key) != value
-                      and (key == "delta.autoOptimize.autoCompact" or key not in props)}
+            wanted = {key: TABLE_PROPERTIES[key]
+                      for key, (_, owners_kept) in ALIGNED_PROPERTIES.items()
+                      if props.get(key) != TABLE_PROPERTIES[key]
+                      and not (owners_kept and key in props)}
             if not wanted:
                 continue
             pairs = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
             self._retry(lambda: spark.sql(f"ALTER TABLE {self.ref(name)} SET TBLPROPERTIES "
                                           f"({pairs})").collect(), name)
-            changed[name] = [ALIGNED_PROPERTIES[k][1] for k in wanted]
+            changed[name] = [ALIGNED_PROPERTIES[k][0] for k in wanted]
         return changed
 
 
