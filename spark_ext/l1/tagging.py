@@ -9,6 +9,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sidecar.contract import PRIORITY_NAMES
+from spark_ext.batch_time import batch_time_ms
 from spark_ext.config import TaggingConfig
 
 #: Columns :func:`tag_requests` adds (the prompt's two come from L2).
@@ -53,7 +54,7 @@ def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...]
     if config.event_time_ms:
         enqueue = _expr(config.event_time_ms, df).cast("long")
     else:
-        enqueue = (F.unix_micros(F.current_timestamp()) / 1000).cast("long")
+        enqueue = batch_time_ms(df.sparkSession)
     max_tokens = F.lit(config.max_tokens)
     if config.max_tokens_column:
         own = _expr(config.max_tokens_column, df).cast("int")
@@ -71,8 +72,7 @@ def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...]
     out = (df.withColumn("request_id", request_id)
              .withColumn("trace_id", trace_id)
              .withColumn("priority", priority)
-             .withColumn("enqueue_ts", F.coalesce(enqueue, (F.unix_micros(
-                 F.current_timestamp()) / 1000).cast("long")))
+             .withColumn("enqueue_ts", F.coalesce(enqueue, batch_time_ms(df.sparkSession)))
              # unknown priority: give it the normal SLA; the sidecar refuses it anyway
              .withColumn("deadline_ts", F.col("enqueue_ts") + F.coalesce(
                  sla, F.lit(config.sla_ms["normal"])))

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField,
                                StructType)
 
+from spark_ext.batch_time import batch_time_ms
 from spark_ext.config import PipelineConfig
 from spark_ext.l2.fast_path import KB_ONLY_COLUMNS
 from spark_ext.l4.candidates import ACK, EVENTS, NOW, PAYLOAD, RESULT, arrival_candidates
@@ -72,12 +73,12 @@ def record_schemas(ack_schema: StructType, key_columns: tuple[str, ...]) -> dict
             "review_queue": spark_schema(review_schema(key_columns))}
 
 
-def _ack_payload(ack_schema: StructType) -> Column:
-    """An ack row's record JSON: its ``dead_letters`` row, else its ``requests`` row."""
+def _ack_payload(ack_schema: StructType, now: Column) -> Column:
+    """An ack row's record JSON: its ``dead_letters`` row (dead-lettered at ``now``),
+    else its ``requests`` row."""
     request = F.to_json(F.struct(*[F.col(c) for c in request_columns(ack_schema)]))
     if DEAD_LETTER_COLUMN not in ack_schema.fieldNames():
         return request
-    now = F.unix_millis(F.current_timestamp())
     dead = F.to_json(F.struct(*[F.col(src).alias(name) for name, src in _DEAD_LETTER.items()],
                               now.alias("dead_lettered_ts"),
                               F.coalesce(F.col("_kafka_timestamp_ms"), now).alias("enqueue_ts")))
@@ -121,7 +122,8 @@ def arrivals(spark: SparkSession, channel: ChannelSide, *, ack_schema: StructTyp
     result_arrivals = _as_arrivals(mine, RESULT, ack_schema, streams.payload,
                                    exclude=streams.exclude)
     ack_arrivals = _as_arrivals(streams.acks, ACK, spark_schema(RESULT_SCHEMA),
-                                _ack_payload(ack_schema), _events(ack_schema))
+                                _ack_payload(ack_schema, batch_time_ms(spark)),
+                                _events(ack_schema))
     return result_arrivals.unionByName(ack_arrivals)
 
 
@@ -140,7 +142,8 @@ def ledger_input(arrivals_df: DataFrame, clock: DataFrame, config: PipelineConfi
         acks=dict(options, rule_text=rule_text, rollout_mode=config.rollout.mode,
                   submit_column=submit_column, dead_letter_column=DEAD_LETTER_COLUMN,
                   count_events=count_events))
-    timed = arrivals_df.withColumn(NOW, F.unix_millis(F.current_timestamp()))
+    now = batch_time_ms(arrivals_df.sparkSession)
+    timed = arrivals_df.withColumn(NOW, now)
     candidates = timed.mapInArrow(fn, schema)
     bucket = F.pmod(F.hash(F.coalesce(F.col("request_id"), F.col(PAYLOAD))),
                     F.lit(LEDGER_BUCKETS)).cast("int")
@@ -148,6 +151,6 @@ def ledger_input(arrivals_df: DataFrame, clock: DataFrame, config: PipelineConfi
     ticks = clock.select(*[
         (F.col("bucket").cast("int") if f.name == "_bucket"
          else F.lit(CLOCK) if f.name == "_kind"
-         else F.unix_millis(F.current_timestamp()) if f.name == NOW
+         else now if f.name == NOW
          else F.lit(None).cast(f.dataType)).alias(f.name) for f in schema.fields])
     return candidates.unionByName(ticks)
