@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks.cli_args import KAFKA_SCHEMES, SCHEMES
 from benchmarks.generate import GeneratedRequest, events_for_spark
@@ -40,6 +41,9 @@ from sidecar.contract import PRIORITY_NAMES, now_ms
 from sts_harness.hops import hop_latencies
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer, KafkaTopicSink
 from sts_harness.result_check import read_results, results_by_id
+
+if TYPE_CHECKING:
+    from spark_ext.pipeline.sts_pipeline import StsPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +159,27 @@ def warm_up_scheme(target: Path | Callable[[list[dict]], None], answered: Callab
         if time.monotonic() > deadline:
             raise TimeoutError(f"warm-up events not answered after {timeout_s:.0f} s")
         time.sleep(0.2)
+
+
+#: Tables the pipeline writes on a schedule of its own (``output.records_interval_s``),
+#: the warm-up events' records among the first.
+RECORD_TABLES_WARMED = ("requests", "results")
+
+
+def wait_first_writes(pipeline: StsPipeline, names: tuple[str, ...] = RECORD_TABLES_WARMED,
+                      timeout_s: float = 60.0) -> None:
+    """Wait until ``pipeline`` has written each of ``names`` once: the first append to a
+    table in a driver runs Delta's auto compaction over its partition once (Spark jobs:
+    about 1 s on an idle machine, 2-3 s under load; RESULTS.md section 33), a cost of the
+    pipeline's start, not of the rate a run measures. The warm-up events' records reach
+    the tables within one records interval."""
+    deadline = time.monotonic() + timeout_s
+    while missing := [n for n in names if not pipeline.tables.exists(pipeline.spark, n)]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"warm-up: the pipeline did not write {missing} in "
+                               f"{timeout_s:g} s")
+        pipeline.check()
+        time.sleep(0.5)
 
 
 def _replayer(sink: Path | KafkaTopicSink, requests: list[GeneratedRequest]) -> EventReplayer:
@@ -329,6 +354,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     pipeline = StsPipeline(ctx.spark, config)
     pipeline.start()
     warm_up_scheme(warm_target, lambda: pipeline.store.stats.answers_written)
+    wait_first_writes(pipeline)
     warm = pipeline.store.stats.answers_written
     replayer.start()
 
