@@ -51,10 +51,9 @@ def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...]
                                   config.key_columns])
     request_id = F.substring(F.sha2(key, 256), 1, 32)
     priority = F.lower(F.trim(_expr(config.priority, df).cast("string")))
-    if config.event_time_ms:
-        enqueue = _expr(config.event_time_ms, df).cast("long")
-    else:
-        enqueue = batch_time_ms(df.sparkSession)
+    batch_time = batch_time_ms(df.sparkSession)
+    enqueue = _expr(config.event_time_ms, df).cast("long") if config.event_time_ms \
+        else batch_time
     max_tokens = F.lit(config.max_tokens)
     if config.max_tokens_column:
         own = _expr(config.max_tokens_column, df).cast("int")
@@ -72,7 +71,7 @@ def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...]
     out = (df.withColumn("request_id", request_id)
              .withColumn("trace_id", trace_id)
              .withColumn("priority", priority)
-             .withColumn("enqueue_ts", F.coalesce(enqueue, batch_time_ms(df.sparkSession)))
+             .withColumn("enqueue_ts", F.coalesce(enqueue, batch_time))
              # unknown priority: give it the normal SLA; the sidecar refuses it anyway
              .withColumn("deadline_ts", F.col("enqueue_ts") + F.coalesce(
                  sla, F.lit(config.sla_ms["normal"])))
