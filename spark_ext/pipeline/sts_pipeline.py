@@ -501,7 +501,8 @@ class StsPipeline:
         partitions = str(max(1, min(LEDGER_BUCKETS, task_slots(self.spark))))
         answers = self._start(self.answers_input(acks), "answers",
                               foreach=batch_writer, output_mode="update",
-                              confs={"spark.sql.shuffle.partitions": partitions})
+                              confs={"spark.sql.shuffle.partitions": partitions,
+                                     **self.tables.query_confs})
         try:
             _await_sources(answers)
             if fast_path.enabled(self.config):

@@ -135,6 +135,9 @@ def test_each_writer_continues_and_reads_the_others_tables(spark, tmp_path: Path
         props = {r["key"]: r["value"] for r in spark.sql(
             f"SHOW TBLPROPERTIES delta.`{tmp_path / 'tables' / name}`").collect()}
         assert props.get("delta.autoOptimize.autoCompact") == "true", name
+    log = tmp_path / "tables" / "answers" / "_delta_log"
+    last = max(int(p.stem) for p in log.glob("*.json"))
+    assert not (log / f"{last:020d}.crc").exists()  # the answers query writes no checksum
     requests = spark.read.format("delta").load(str(tmp_path / "tables" / "requests"))
     # the new checkpoint read the landing folder's old files again: their requests were
     # recorded twice (the sidecar acknowledged the repeats as duplicates), answered once
@@ -220,6 +223,63 @@ def test_the_log_is_checkpointed_every_hundred_appends_not_every_ten(
     writer.create_tables(spark)
     assert interval("results") == interval("answers") == "100"
     assert interval("requests") == "25"
+
+
+def test_the_tables_keep_file_statistics_on_their_time_columns_only(
+        spark, tmp_path: Path) -> None:
+    """Delta keeps min, max and null counts of a file's first 32 columns by default; the
+    writer's tables keep them on their time columns (what skips files here), which the
+    backfill MERGE still prunes by. So does a table its first append makes; one made
+    without gets them at start, unless its owner chose what Delta keeps."""
+    from pyspark.sql import functions as F
+
+    from spark_ext.config import OutputConfig
+    from spark_ext.l4.writers.spark import STATS_PROPERTY, SparkWriter
+
+    out = tmp_path / "tables"
+    writer = SparkWriter(OutputConfig(out_dir=str(out), checkpoint_dir=str(tmp_path / "c")),
+                         ("event_id",))
+
+    def stats_of(name: str) -> str | None:
+        return {r["key"]: r["value"] for r in spark.sql(
+            f"SHOW TBLPROPERTIES {writer.ref(name)}").collect()}.get(STATS_PROPERTY)
+
+    def rows(first: int, n: int, **columns):
+        return spark.range(first, first + n).select(
+            F.col("id").cast("string").alias("request_id"), F.lit("high").alias("priority"),
+            (F.lit(1_796_000_000_000) + F.col("id") * 1000).alias("enqueue_ts"),
+            *[F.lit(v).alias(k) for k, v in columns.items()],
+            F.lit("2026-12-05T13").alias("enqueue_hour"))
+
+    writer.create_tables(spark)
+    for version in range(3):  # three micro-batches' answers, in time order: three files
+        writer.append("answers", rows(3 * version, 3, answer_source="fallback"),
+                      app_id="stats-test", version=version)
+    writer.append("requests", rows(0, 3, submit_ts=1_796_000_000_500),
+                  app_id="stats-test", version=0)
+    assert stats_of("answers") == "enqueue_ts,answered_ts"
+    assert stats_of("requests") == "enqueue_ts,submit_ts"  # made by its first append
+    for name in ("answers", "requests"):
+        adds = [json.loads(line)["add"] for log in (out / name / "_delta_log").glob("*.json")
+                for line in log.read_text().splitlines() if '"add"' in line]
+        assert adds and all(set(json.loads(a["stats"])["nullCount"])
+                            == set(stats_of(name).split(",")) for a in adds), name
+        # each file's enqueue_ts range: what the backfill MERGE skips files by
+        assert all("enqueue_ts" in json.loads(a["stats"])["maxValues"] for a in adds), name
+
+    late = (writer.table(spark, "answers").where(F.col("request_id") == "7")
+            .withColumn("answer_source", F.lit("llm"))
+            .withColumn("answered_ts", F.lit(1_796_000_009_000)))  # the model's, late
+    assert writer.merge_answers("answers", late, backfill=True) == {"inserted": 0,
+                                                                    "updated": 1}
+
+    rows(0, 1, finish_ts=1).write.format("delta").partitionBy("enqueue_hour") \
+        .save(str(out / "results"))  # made without, e.g. by an earlier version
+    rows(0, 1, dead_lettered_ts=1).write.format("delta").partitionBy("enqueue_hour") \
+        .option("delta.dataSkippingNumIndexedCols", "2").save(str(out / "dead_letters"))
+    writer.create_tables(spark)
+    assert stats_of("results") == "enqueue_ts,finish_ts"
+    assert stats_of("dead_letters") is None  # its owner's choice stands
 
 
 @pytest.mark.slow

@@ -97,6 +97,10 @@ class TableWriter(ABC):
     """Whether Spark's own file systems write the tables (then Spark must reach
     ``output.out_dir``; otherwise only the checkpoints)."""
 
+    query_confs: ClassVar[dict[str, str]] = {}
+    """Spark settings of the query that writes the tables (the answers query) for this
+    writer, set for that query only."""
+
     traces_answers: ClassVar[bool] = False
     """Whether it writes answers in this process, where it can emit the L4 spans through
     :attr:`tracer` (the executors of a Spark writer cannot)."""

@@ -13,7 +13,8 @@ process).
   file), so its cost does not grow with the table.
 - **Tables by path or by catalog name** (``output.tables``), created with the documented
   columns, partitioned by ``enqueue_hour``, deletion vectors off (``deltalake`` cannot
-  read them) and the change data feed on for ``answers`` (the answers topic reads it)."""
+  read them), file statistics on the time columns only (:data:`STATS_COLUMNS`) and the
+  change data feed on for ``answers`` (the answers topic reads it)."""
 
 from __future__ import annotations
 
@@ -55,11 +56,37 @@ CHECKPOINT_INTERVAL = 100
 TABLE_PROPERTIES = {"delta.enableDeletionVectors": "false",
                     "delta.autoOptimize.autoCompact": "true",
                     "delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
-#: Of :data:`TABLE_PROPERTIES`, those a table of the pipeline made without them gets at
-#: start: property -> (what it is, for the log; whether a value its owner set is kept).
+#: The table property naming the columns Delta keeps file statistics (min, max, nulls)
+#: on, for data skipping.
+STATS_PROPERTY = "delta.dataSkippingStatsColumns"
+#: Per table, its time columns: the only ones file statistics skip files by here
+#: (appends come in time order; an id or a label spans every file), ``enqueue_ts`` among
+#: them for the backfill MERGE. Delta's default, the first 32 columns, made each
+#: micro-batch's append of the answers 20-25 % slower (the strings' statistics computed
+#: and kept for nothing; benchmarks/RESULTS.md section 34).
+STATS_COLUMNS = {
+    "answers": ("enqueue_ts", "answered_ts"), SHADOW_ANSWERS: ("enqueue_ts", "answered_ts"),
+    "requests": ("enqueue_ts", "submit_ts"), "results": ("enqueue_ts", "finish_ts"),
+    "dead_letters": ("enqueue_ts", "dead_lettered_ts"),
+    "review_queue": ("enqueue_ts", "flagged_ts"),
+}
+#: Properties by which an owner chose what Delta keeps statistics on (kept when set).
+_STATS_CHOICES = (STATS_PROPERTY, "delta.dataSkippingNumIndexedCols")
+#: Settings of the answers query, which makes every commit: no version checksum
+#: (``<version>.crc``, optional in Delta's protocol, written after each commit since Delta
+#: 4.0 for readers to validate the log against and to find protocol and metadata
+#: without reading the log). Computing and writing it was 40-50 ms of each ~250 ms
+#: answers append on 2 cores (benchmarks/RESULTS.md section 34); readers then read
+#: protocol and metadata from the log, from its checkpoint on (one per
+#: :data:`CHECKPOINT_INTERVAL` commits).
+QUERY_CONFS = {"spark.databricks.delta.writeChecksumFile.enabled": "false"}
+#: Of :data:`TABLE_PROPERTIES` and :data:`STATS_PROPERTY`, those a table of the pipeline
+#: made without them gets at start: property -> (what it is, for the log; whether a
+#: value its owner set is kept).
 ALIGNED_PROPERTIES = {
     "delta.autoOptimize.autoCompact": ("auto compaction on", False),
     "delta.checkpointInterval": (f"a log checkpoint every {CHECKPOINT_INTERVAL} commits", True),
+    STATS_PROPERTY: ("file statistics on its time columns only", True),
 }
 #: ... and of the ``answers`` and ``shadow_answers`` tables besides.
 ANSWER_TABLE_PROPERTIES = {**TABLE_PROPERTIES, "delta.enableChangeDataFeed": "true"}
@@ -70,6 +97,13 @@ def hour_column(epoch_ms: str = "enqueue_ts") -> Column:
     whatever the session's time zone (:func:`spark_ext.l4.answers.hour_of` in Spark)."""
     utc = F.to_utc_timestamp(F.timestamp_millis(F.col(epoch_ms)), F.current_timezone())
     return F.date_format(utc, "yyyy-MM-dd'T'HH")
+
+
+def stats_columns(name: str, columns: list[str]) -> str | None:
+    """:data:`STATS_PROPERTY`'s value for table ``name`` with ``columns``: its
+    :data:`STATS_COLUMNS` that it has (``None`` for none: Delta's default then)."""
+    chosen = [c for c in STATS_COLUMNS.get(name, ("enqueue_ts",)) if c in columns]
+    return ",".join(chosen) or None
 
 
 def _sql_literal(value: str) -> str:
@@ -89,6 +123,7 @@ class SparkWriter(TableWriter):
     runs_on_connect = True
     records_interval_s = 10.0
     writes_with_spark = True
+    query_confs = QUERY_CONFS
 
     def __init__(self, output: Any, key_columns: tuple[str, ...]) -> None:
         super().__init__(output, key_columns)
@@ -133,7 +168,9 @@ class SparkWriter(TableWriter):
         fields = spark_schema(answer_schema(self.key_columns)).fields
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in fields)
         for name, extra in (("answers", ""), (SHADOW_ANSWERS, ", `model_text` string")):
-            props = ", ".join(f"'{k}' = '{v}'" for k, v in ANSWER_TABLE_PROPERTIES.items())
+            wanted = {**ANSWER_TABLE_PROPERTIES,
+                      STATS_PROPERTY: stats_columns(name, [f.name for f in fields])}
+            props = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
             spark.sql(f"CREATE TABLE IF NOT EXISTS {self.ref(name)} ({columns}{extra}) "
                       f"USING delta PARTITIONED BY (`{PARTITION}`) TBLPROPERTIES ({props})")
         for name, what in self._align_existing(spark, TABLE_NAMES).items():
@@ -217,8 +254,10 @@ class SparkWriter(TableWriter):
                   .option("mergeSchema", "true").partitionBy(PARTITION))
         if not follows:
             writer = writer.option("txnAppId", app_id).option("txnVersion", str(version))
-        for key, value in TABLE_PROPERTIES.items():  # used when the append creates it
-            writer = writer.option(key, value)
+        created = {**TABLE_PROPERTIES, STATS_PROPERTY: stats_columns(name, frame.columns)}
+        for key, value in created.items():  # used when the append creates the table
+            if value is not None:
+                writer = writer.option(key, value)
         target = self.output.tables.get(name)
         self._retry(lambda: writer.saveAsTable(target) if target
                     else writer.save(self.output.table(name)), name)
@@ -327,8 +366,9 @@ class SparkWriter(TableWriter):
                         ) -> dict[str, list[str]]:
         """Set :data:`ALIGNED_PROPERTIES` on those of ``names`` that exist without them
         (made by ``deltalake`` or an earlier version; auto compaction is set when it is
-        not on, the checkpoint interval only when the table has none of its owner's); one
-        metadata commit per table changed, made at start before any query writes.
+        not on, the checkpoint interval and the statistics columns only when the table has
+        no choice of its owner's); one metadata commit per table changed, made at start
+        before any query writes. Files written before keep the statistics they have.
         Returns table -> what was set."""
         changed = {}
         for name in names:
@@ -336,10 +376,13 @@ class SparkWriter(TableWriter):
                 continue
             props = {r["key"]: r["value"] for r in
                      spark.sql(f"SHOW TBLPROPERTIES {self.ref(name)}").collect()}
-            wanted = {key: TABLE_PROPERTIES[key]
-                      for key, (_, owners_kept) in ALIGNED_PROPERTIES.items()
-                      if props.get(key) != TABLE_PROPERTIES[key]
-                      and not (owners_kept and key in props)}
+            ours = {**TABLE_PROPERTIES,
+                    STATS_PROPERTY: stats_columns(name, self.table(spark, name).columns)}
+            owners = set(props) | ({STATS_PROPERTY} if any(k in props for k in _STATS_CHOICES)
+                                   else set())
+            wanted = {key: ours[key] for key, (_, owners_kept) in ALIGNED_PROPERTIES.items()
+                      if ours[key] is not None and props.get(key) != ours[key]
+                      and not (owners_kept and key in owners)}
             if not wanted:
                 continue
             pairs = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
