@@ -37,26 +37,26 @@ from benchmarks.cpu_accounting import machine_info, reference_cpu_ms
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "delta_append" / "delta_append.json"
 ROWS = 150
 
-#: Variant -> (session settings, table properties besides the writer's others).
-VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-    "delta-defaults": ({}, {}),
-    "stats-time-columns": ({}, {"STATS": ""}),
-    "no-checksum": ({"CHECKSUM": ""}, {}),
-    "writer": ({"CHECKSUM": ""}, {"STATS": ""}),
-    "no-stats": ({"spark.databricks.delta.stats.collect": "false"}, {}),
+#: Variant -> (statistics on the time columns only, no version checksum, other session
+#: settings).
+VARIANTS: dict[str, tuple[bool, bool, dict[str, str]]] = {
+    "delta-defaults": (False, False, {}),
+    "stats-time-columns": (True, False, {}),
+    "no-checksum": (False, True, {}),
+    "writer": (True, True, {}),
+    "no-stats": (False, False, {"spark.databricks.delta.stats.collect": "false"}),
 }
 
 
 def _resolve(variant: str) -> tuple[dict[str, str], dict[str, str]]:
-    """A variant's settings with the writer's own values put in for its placeholders."""
+    """A variant's session settings and table properties, with the writer's values."""
     from spark_ext.l4.answers import answer_schema
     from spark_ext.l4.writers.spark import QUERY_CONFS, STATS_PROPERTY, stats_columns
 
-    confs, props = VARIANTS[variant]
+    time_columns_only, no_checksum, other = VARIANTS[variant]
+    confs = {**(QUERY_CONFS if no_checksum else {}), **other}
     columns = answer_schema(("event_id",)).names
-    confs = {**({k: v for k, v in confs.items() if k != "CHECKSUM"}),
-             **(QUERY_CONFS if "CHECKSUM" in confs else {})}
-    props = {STATS_PROPERTY: stats_columns("answers", columns)} if "STATS" in props else {}
+    props = {STATS_PROPERTY: stats_columns("answers", columns)} if time_columns_only else {}
     return confs, props
 
 
