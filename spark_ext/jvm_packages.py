@@ -30,12 +30,25 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, get_args
 
-#: What a session can be given: Spark's Kafka source and sink, Delta on Spark, and the
-#: ``s3a://`` file system (hadoop-aws with the AWS SDK bundle, ~600 MB: only on request).
-JvmFeature = Literal["kafka", "delta", "s3"]
+#: What a session can be given: Spark's Kafka source and sink, Delta on Spark, the
+#: ``s3a://`` file system (hadoop-aws with the AWS SDK bundle, ~600 MB: only on request)
+#: and a local file system that sets file permissions without a ``chmod`` process
+#: (:data:`LOCAL_FS_CONF`).
+JvmFeature = Literal["kafka", "delta", "s3", "localfs"]
 JVM_FEATURES: tuple[str, ...] = get_args(JvmFeature)
 #: The features a local session gets unless told otherwise.
-DEFAULT_FEATURES: tuple[JvmFeature, ...] = ("kafka", "delta")
+DEFAULT_FEATURES: tuple[JvmFeature, ...] = ("kafka", "delta", "localfs")
+#: The ``localfs`` package: Hadoop's local file system with its shell commands replaced by
+#: Java's own file calls (Apache-2.0, a subclass of Hadoop's ``RawLocalFileSystem``).
+LOCAL_FS_PACKAGE = "com.globalmentor:hadoop-bare-naked-local-fs:0.1.0"
+#: ``file:`` through that package. Without Hadoop's native library (PySpark from PyPI has
+#: none), Hadoop's own local file system starts a ``chmod`` process for every file it
+#: creates and a ``readlink`` for some lookups: at 200 events/s on 2 cores, ~39 processes
+#: a second (~10 with it: Delta's commits go through Hadoop's ``FileContext``, which keeps
+#: its own) and 11-15 ms of each checkpoint write (benchmarks/RESULTS.md section 35).
+#: The files on disk are the same (checksums included).
+LOCAL_FS_CONF = {
+    "spark.hadoop.fs.file.impl": "com.globalmentor.apache.hadoop.fs.BareLocalFileSystem"}
 #: The Delta release built for each Spark minor version (delta-spark's pom names the Spark
 #: it was built against; a Delta jar does not load on another minor).
 DELTA_FOR_SPARK = {"4.0": "4.0.1", "4.1": "4.3.1", "4.2": "4.4.0"}
@@ -89,6 +102,8 @@ def packages(features: Iterable[JvmFeature] = DEFAULT_FEATURES, *,
     Example:
         >>> packages(["kafka", "delta"], version="4.2.0")
         ['org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0', 'io.delta:delta-spark_2.13:4.4.0']
+        >>> packages(["localfs"], version="4.2.0")
+        ['com.globalmentor:hadoop-bare-naked-local-fs:0.1.0']
     """
     version = version or spark_version()
     coords = []
@@ -104,6 +119,8 @@ def packages(features: Iterable[JvmFeature] = DEFAULT_FEATURES, *,
             coords.append(f"io.delta:delta-spark_{SCALA_BINARY}:{DELTA_FOR_SPARK[minor]}")
         elif feature == "s3":
             coords.append(f"org.apache.hadoop:hadoop-aws:{hadoop_version()}")
+        elif feature == "localfs":
+            coords.append(LOCAL_FS_PACKAGE)
         else:
             raise ValueError(f"unknown JVM feature {feature!r} (one of {', '.join(JVM_FEATURES)})")
     return coords
@@ -112,7 +129,8 @@ def packages(features: Iterable[JvmFeature] = DEFAULT_FEATURES, *,
 def session_conf(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> dict[str, str]:
     """The settings that give a new session ``features``: the jars recorded by
     :func:`fetch` as ``spark.jars``, else ``spark.jars.packages`` (``$STS_SPARK_PACKAGES``
-    overrides the coordinates); with Delta, its extension and catalog."""
+    overrides the coordinates); with Delta, its extension and catalog; with ``localfs``
+    (once its jar is recorded), :data:`LOCAL_FS_CONF` and the jar on the class path."""
     override = os.environ.get(PACKAGES_ENV)
     coords = ([c.strip() for c in override.split(",") if c.strip()] if override is not None
               else packages(features))
@@ -122,7 +140,25 @@ def session_conf(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> dict[str,
     conf = {"spark.jars": ",".join(jars)} if jars else {"spark.jars.packages": ",".join(coords)}
     if any(c.startswith("io.delta:") for c in coords):
         conf.update(DELTA_SESSION_CONF)
+    if local_fs := [j for j in jars if _jar_of(LOCAL_FS_PACKAGE, j)]:
+        # On the JVMs' own class path: Hadoop loads ``file:``'s class before Spark has
+        # added ``spark.jars`` (so only where the jar is already on disk).
+        path = _file_path(local_fs[0])
+        conf.update(LOCAL_FS_CONF, **{"spark.driver.extraClassPath": path,
+                                      "spark.executor.extraClassPath": path})
     return conf
+
+
+def _jar_of(coordinate: str, jar: str) -> bool:
+    """Whether ``jar`` (a path or URI Ivy resolved) is ``coordinate``'s artifact.
+
+    Example:
+        >>> jar = "file:///ivy/jars/com.globalmentor_hadoop-bare-naked-local-fs-0.1.0.jar"
+        >>> _jar_of(LOCAL_FS_PACKAGE, jar), _jar_of(LOCAL_FS_PACKAGE, "/ivy/jars/other-0.1.0.jar")
+        (True, False)
+    """
+    group, artifact, version = coordinate.split(":")
+    return Path(_file_path(jar)).name == f"{group}_{artifact}-{version}.jar"
 
 
 def _record_path(coords: Iterable[str]) -> Path:
@@ -191,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with", dest="extra", action="append", default=[],
                         choices=JVM_FEATURES, help="add a feature (s3: hadoop-aws)")
     parser.add_argument("--only", action="append", choices=JVM_FEATURES,
-                        help="these features instead of the defaults (kafka, delta)")
+                        help="these features instead of the defaults (kafka, delta, localfs)")
     parser.add_argument("--fetch", action="store_true",
                         help="resolve them into Spark's package cache now")
     args = parser.parse_args(argv)

@@ -49,8 +49,9 @@ def local_session(app_name: str, *, cores: int = 2,
     Python workers on this interpreter (unless ``PYSPARK_PYTHON`` says otherwise),
     ``java_options`` for the JVM (``spark.driver.extraJavaOptions``; default
     :data:`LOCAL_JAVA_OPTIONS`, ``""`` for the JVM's own defaults) and the JVM packages
-    of ``jvm_features`` (default: Spark's Kafka connector and Delta;
-    :mod:`spark_ext.jvm_packages`; ``$STS_SPARK_PACKAGES`` overrides the coordinates).
+    of ``jvm_features`` (default: Spark's Kafka connector, Delta and ``file:`` without a
+    process per file; :mod:`spark_ext.jvm_packages`; ``$STS_SPARK_PACKAGES`` overrides
+    the coordinates).
 
     With ``$SPARK_REMOTE`` set (``sc://host:port``: a Spark Connect server, as
     Databricks Connect and serverless notebooks use), the session is a Spark Connect

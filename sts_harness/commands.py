@@ -183,7 +183,7 @@ def _run_connect_server(args: argparse.Namespace) -> int:
     pid_file = work / "connect-server.pid"
     if args.stop:
         return _stop_detached(pid_file)
-    conf = session_conf(["kafka", "delta", *(["s3"] if args.with_s3 else [])])
+    conf = session_conf(["kafka", "delta", "localfs", *(["s3"] if args.with_s3 else [])])
     for item in args.conf:
         key, eq, value = item.partition("=")
         if not eq:

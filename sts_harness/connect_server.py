@@ -9,7 +9,7 @@ workers (``foreachBatch`` functions, UDFs, Python data sources) run this interpr
 (``PYSPARK_PYTHON``) with this process's ``PYTHONPATH``, so code the tests import can be
 imported there too.
 
-    conf = {**session_conf(["kafka", "delta"]), "spark.sql.shuffle.partitions": "2"}
+    conf = {**session_conf(["kafka", "delta", "localfs"]), "spark.sql.shuffle.partitions": "2"}
     with SparkConnectServer(tmp / "connect", conf=conf) as server:
         spark = server.client()            # a Spark Connect SparkSession
         spark.range(3).collect()

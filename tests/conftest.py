@@ -63,9 +63,14 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for the whole test session."""
+    """One local SparkSession for the whole test session (its JVM packages resolved and
+    recorded first, as ``scripts/install.sh`` does)."""
+    from spark_ext import jvm_packages
     from spark_ext.session import local_session
 
+    if not os.environ.get(jvm_packages.PACKAGES_ENV) \
+            and not jvm_packages.recorded_jars(jvm_packages.packages()):
+        jvm_packages.fetch()
     session = local_session("sts-tests")
     yield session
     session.stop()
@@ -83,8 +88,9 @@ def s3_server():
         yield server
 
 
-#: What the test Connect server loads: Spark's Kafka connector, Delta and hadoop-aws.
-CONNECT_FEATURES = ("kafka", "delta", "s3")
+#: What the test Connect server loads: Spark's Kafka connector, Delta, hadoop-aws and the
+#: local file system without shell commands.
+CONNECT_FEATURES = ("kafka", "delta", "s3", "localfs")
 
 
 @pytest.fixture(scope="session")
