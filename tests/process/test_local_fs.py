@@ -33,7 +33,7 @@ def test_the_local_session_writes_local_files_without_a_process_per_file(
         out = fs.create(jvm.org.apache.hadoop.fs.Path((tmp_path / "made" / f"{i}").as_uri()))
         out.write(b"x")
         out.close()
-    assert _children_cpu_ticks(pid) - before < 5
+    assert _children_cpu_ticks(pid) - before < 10  # Hadoop's own: ~90 (a chmod ~4.7 ms)
     # With the permissions Hadoop's would give them (its umask applied), checksums kept.
     umask = int(hadoop.get("fs.permissions.umask-mode", "022"), 8)
     assert stat.S_IMODE((tmp_path / "made" / "0").stat().st_mode) == 0o666 & ~umask
