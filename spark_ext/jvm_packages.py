@@ -149,16 +149,20 @@ def session_conf(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> dict[str,
     return conf
 
 
-def _jar_of(coordinate: str, jar: str) -> bool:
-    """Whether ``jar`` (a path or URI Ivy resolved) is ``coordinate``'s artifact.
+def ivy_jar_name(coordinate: str) -> str:
+    """The file name Spark's Ivy gives ``coordinate``'s jar (in ``~/.ivy2.5.2/jars``).
 
     Example:
-        >>> jar = "file:///ivy/jars/com.globalmentor_hadoop-bare-naked-local-fs-0.1.0.jar"
-        >>> _jar_of(LOCAL_FS_PACKAGE, jar), _jar_of(LOCAL_FS_PACKAGE, "/ivy/jars/other-0.1.0.jar")
-        (True, False)
+        >>> ivy_jar_name(LOCAL_FS_PACKAGE)
+        'com.globalmentor_hadoop-bare-naked-local-fs-0.1.0.jar'
     """
     group, artifact, version = coordinate.split(":")
-    return Path(_file_path(jar)).name == f"{group}_{artifact}-{version}.jar"
+    return f"{group}_{artifact}-{version}.jar"
+
+
+def _jar_of(coordinate: str, jar: str) -> bool:
+    """Whether ``jar`` (a path or URI Ivy resolved) is ``coordinate``'s artifact."""
+    return Path(_file_path(jar)).name == ivy_jar_name(coordinate)
 
 
 def _record_path(coords: Iterable[str]) -> Path:

@@ -5,6 +5,7 @@ Registered through ``sts.commands``."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -174,6 +175,28 @@ def _run_events(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Settings that list class path entries: a value given adds to the one set already.
+CLASS_PATH_CONFS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
+
+
+def set_conf(conf: dict[str, str], key: str, value: str) -> None:
+    """``conf[key] = value``, except that a class path entry is added in front of the one
+    already set (``localfs``'s jar must stay on it: Hadoop loads ``file:``'s class from it).
+
+    Example:
+        >>> conf = {"spark.driver.extraClassPath": "/ivy/localfs.jar"}
+        >>> set_conf(conf, "spark.driver.extraClassPath", "/mine.jar")
+        >>> set_conf(conf, "spark.sql.shuffle.partitions", "4")
+        >>> conf["spark.driver.extraClassPath"].split(os.pathsep)
+        ['/mine.jar', '/ivy/localfs.jar']
+        >>> conf["spark.sql.shuffle.partitions"]
+        '4'
+    """
+    if key in CLASS_PATH_CONFS and conf.get(key):
+        value = os.pathsep.join([value, conf[key]])
+    conf[key] = value
+
+
 def _run_connect_server(args: argparse.Namespace) -> int:
     """Start the server, print how to reach it, keep it up until Ctrl-C."""
     from spark_ext.jvm_packages import session_conf
@@ -188,7 +211,7 @@ def _run_connect_server(args: argparse.Namespace) -> int:
         key, eq, value = item.partition("=")
         if not eq:
             return _fail(f"--conf {item!r} must be KEY=VALUE", "connect-server", 2)
-        conf[key] = value
+        set_conf(conf, key, value)
     print(f"Starting a Spark Connect server on 127.0.0.1:{args.port} (Delta, Kafka"
           f"{', hadoop-aws' if args.with_s3 else ''}); log: {work / 'connect-server.log'} "
           "(the first start resolves the jars, up to a minute) ...", flush=True)

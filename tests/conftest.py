@@ -136,7 +136,6 @@ def _ensure_jvm_packages(features) -> None:
     from spark_ext import jvm_packages
 
     jars = Path.home() / ".ivy2.5.2" / "jars"  # Spark 4's default spark.jars.ivy
-    wanted = [c.split(":") for c in jvm_packages.packages(features)]
-    if not all((jars / f"{group}_{artifact}-{version}.jar").exists()
-               for group, artifact, version in wanted):
+    if not all((jars / jvm_packages.ivy_jar_name(c)).exists()
+               for c in jvm_packages.packages(features)):
         jvm_packages.fetch(features)

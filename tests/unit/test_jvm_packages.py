@@ -14,8 +14,7 @@ def _record(tmp_path: Path, coords: list[str]) -> list[str]:
     """Record jar files for ``coords`` the way :func:`jvm_packages.fetch` does."""
     jars = []
     for coord in coords:
-        group, artifact, version = coord.split(":")
-        jar = tmp_path / "ivy" / f"{group}_{artifact}-{version}.jar"
+        jar = tmp_path / "ivy" / jvm_packages.ivy_jar_name(coord)
         jar.parent.mkdir(parents=True, exist_ok=True)
         jar.write_bytes(b"")
         jars.append(f"file://{jar}")
@@ -41,7 +40,7 @@ def test_a_local_session_gets_the_local_file_system_without_shell_commands(cache
     for key, value in LOCAL_FS_CONF.items():
         assert conf[key] == value
     # on the JVMs' class path: Hadoop loads file:'s class before spark.jars are added
-    local_fs = str(cache / "ivy" / "com.globalmentor_hadoop-bare-naked-local-fs-0.1.0.jar")
+    local_fs = str(cache / "ivy" / jvm_packages.ivy_jar_name(LOCAL_FS_PACKAGE))
     assert conf["spark.driver.extraClassPath"] == local_fs
     assert conf["spark.executor.extraClassPath"] == local_fs
 
