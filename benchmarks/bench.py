@@ -230,6 +230,9 @@ def run_bench(opts: BenchOptions) -> dict:
                 if result.get("hops_ms"):
                     print("\n".join("    " + line for line in format_hops(result["hops_ms"])),
                           flush=True)
+                if result.get("goodput_readable") is not None:
+                    print(f"    goodput with the row readable by its deadline (its commit): "
+                          f"{result['goodput_readable']:.1%}", flush=True)
                 write_text_atomically(out / "bench.json", json.dumps(doc, indent=1))
     doc["machine_after"] = {k: v for k, v in _machine().items()
                             if k in ("reference_cpu_ms", "load_average")}

@@ -39,6 +39,7 @@ from sidecar import percentiles, security_fields, write_text_atomically
 from sidecar.client import SidecarClient
 from sidecar.contract import PRIORITY_NAMES, now_ms
 from sts_harness.hops import hop_latencies
+from sts_harness.readable import commit_times
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer, KafkaTopicSink
 from sts_harness.result_check import read_results, results_by_id
 
@@ -58,6 +59,9 @@ class Answer:
     on_time: bool
     llm: bool
     answered_ms: int
+    readable_on_time: bool | None = None
+    """Whether its row was readable by the deadline (its commit;
+    :mod:`sts_harness.readable`); ``None``: not known (no table of ours)."""
 
 
 @dataclass
@@ -219,6 +223,32 @@ def summarize(scheme: str, rate: float, offered: int, answers: list[Answer], sta
         "batch_s": _percentiles(batch_durations_s),
         "engine_tokens_per_s": statistics.fmean(sampler.tokens_per_s) if sampler.tokens_per_s
         else None,
+        **readable_figures(answers, offered),
+    }
+
+
+def readable_figures(answers: list[Answer], offered: int) -> dict:
+    """Goodput with an answer counted on time only when its row was readable by its
+    deadline (where that is known): the share of events, and per priority; ``{}``
+    when no answer's readable time is known.
+
+    Example:
+        >>> decided = [Answer("high", 900.0, True, True, 1_000, readable_on_time=False),
+        ...            Answer("low", 900.0, True, True, 1_000, readable_on_time=True)]
+        >>> figures = readable_figures(decided, offered=4)
+        >>> figures["goodput_readable"], figures["llm_readable_on_time_by_priority"]["high"]
+        (0.25, [0, 1])
+        >>> readable_figures([Answer("low", 900.0, True, True, 1_000)], offered=1)
+        {}
+    """
+    known = [a for a in answers if a.readable_on_time is not None]
+    if not known or not offered:
+        return {}
+    return {
+        "goodput_readable": sum(a.llm and bool(a.readable_on_time) for a in known) / offered,
+        "llm_readable_on_time_by_priority": {
+            p: [sum(a.llm and bool(a.readable_on_time) for a in known if a.priority == p),
+                sum(a.priority == p for a in answers)] for p in PRIORITY_NAMES},
     }
 
 
@@ -362,7 +392,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
         rows = pipeline.store.read("answers", [
             "request_id", "event_id", "priority", "answer_source", "latency_ms",
             "deadline_met", "enqueue_ts", "submit_ts", "received_ts", "finish_ts",
-            "answered_ts"]).to_pylist()
+            "answered_ts", "deadline_ts"]).to_pylist()
         return [r for r in rows if not r["event_id"].startswith(WARM_UP_PREFIX)]
 
     try:
@@ -395,8 +425,10 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     finally:
         pipeline.stop()
         replayer.stop()
+    _add_readable_times(rows, config.output.table("answers"))
     answers = [Answer(r["priority"], float(r["latency_ms"]), bool(r["deadline_met"]),
-                      r["answer_source"] == "llm", r["answered_ts"]) for r in rows]
+                      r["answer_source"] == "llm", r["answered_ts"],
+                      _readable_by_deadline(r)) for r in rows]
     result = summarize(scheme, rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
                        durations)
     result["hops_ms"] = hop_latencies(rows)
@@ -426,6 +458,25 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     result["query_phase_ms_p50"] = query_ms
     result["answers_by_source"] = dict(collections.Counter(r["answer_source"] for r in rows))
     return result
+
+
+def _add_readable_times(rows: list[dict], table: str) -> None:
+    """Each row's ``readable_ts``: the commit that added it to the local ``answers``
+    table at ``table`` (:mod:`sts_harness.readable`); left out elsewhere."""
+    from spark_ext.uris import is_local_uri, local_path
+
+    if not is_local_uri(table):
+        return
+    readable = commit_times(local_path(table))
+    for r in rows:
+        r["readable_ts"] = readable.get(r["request_id"])
+
+
+def _readable_by_deadline(row: dict) -> bool | None:
+    """Whether ``row`` was readable by its deadline (``None``: not known)."""
+    if row.get("readable_ts") is None or row.get("deadline_ts") is None:
+        return None
+    return row["readable_ts"] <= row["deadline_ts"]
 
 
 def _wait_published(pipeline, bootstrap_servers: str, topic: str, event_ids: set[str], *,

@@ -14,22 +14,35 @@ HOPS: dict[str, tuple[str, str]] = {
     "finished -> answer landed": ("finish_ts", "answered_ts"),
     "event -> answer landed": ("enqueue_ts", "answered_ts"),
 }
+#: Hops to when the row became readable (``readable_ts``: its commit,
+#: :mod:`sts_harness.readable`), where the rows carry it. *Landed* above is
+#: ``answered_ts``: the start of the answers micro-batch that decided the row.
+READABLE_HOPS: dict[str, tuple[str, str]] = {
+    "answer landed -> readable": ("answered_ts", "readable_ts"),
+    "event -> answer readable": ("enqueue_ts", "readable_ts"),
+}
 
 
 def hop_latencies(rows: Iterable[Mapping], *, sources: tuple[str, ...] = ("llm", "fallback")
                   ) -> dict[str, dict[str, float | None]]:
     """P50/P99 (ms) and count of every hop over answer rows of ``sources`` that have
-    both timestamps (backfilled rows are left out: their answer landed twice).
+    both timestamps (backfilled rows are left out: their answer landed twice); the
+    :data:`READABLE_HOPS` too when some row has ``readable_ts``.
 
     Example:
         >>> rows = [{"answer_source": "llm", "enqueue_ts": 0, "submit_ts": 10,
         ...          "received_ts": 12, "finish_ts": 512, "answered_ts": 800}]
         >>> hop_latencies(rows)["finished -> answer landed"]
         {'p50': 288.0, 'p99': 288.0, 'n': 1}
+        >>> rows[0]["readable_ts"] = 1_700
+        >>> hop_latencies(rows)["answer landed -> readable"]
+        {'p50': 900.0, 'p99': 900.0, 'n': 1}
     """
     rows = [r for r in rows if r.get("answer_source") in sources]
+    hops = {**HOPS, **(READABLE_HOPS if any(r.get("readable_ts") is not None for r in rows)
+                       else {})}
     out = {}
-    for hop, (a, b) in HOPS.items():
+    for hop, (a, b) in hops.items():
         values = [r[b] - r[a] for r in rows if r.get(a) is not None and r.get(b) is not None]
         out[hop] = percentiles(values, (50, 99), digits=1) | {"n": len(values)}
     return out

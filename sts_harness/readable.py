@@ -1,0 +1,76 @@
+"""When each row of a local Delta table became readable: the time of the commit that
+added its file.
+
+A row's own timestamps are written before its commit: ``answered_ts`` in ``answers`` is
+the time the answers micro-batch that decided the row began (every row of a micro-batch
+gets the same time, so a replayed micro-batch decides the same), and the row is readable
+only once that micro-batch's append commits. Benchmarks and the demo read the commit
+times from the table's log to say how long that takes (*answer decided -> readable*) and
+which answers could be read by their deadline.
+
+A commit's time here is when its log file (``_delta_log/<version>.json``) was written:
+Delta makes a version visible by creating that file, and readers list it. Local tables
+only (what ``sts bench`` and ``sts demo`` write); an object store's listing times are
+its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+#: The log folder of a Delta table.
+LOG_DIR = "_delta_log"
+#: A commit's file in it (not a checkpoint, a checksum or a compacted range of commits).
+COMMIT_FILE = re.compile(r"\d{20}\.json")
+
+
+def commit_times(table_dir: str | os.PathLike, column: str = "request_id") -> dict[str, int]:
+    """``column``'s value -> when the first commit whose files hold it was written
+    (epoch ms), for every data file a commit of the local table at ``table_dir`` added
+    (files a compaction rewrote are not new rows: ``dataChange`` false). A file that
+    is gone (vacuumed) is skipped; no table there gives ``{}``.
+
+    Example:
+        >>> import tempfile, pyarrow as pa
+        >>> from deltalake import write_deltalake
+        >>> folder = tempfile.mkdtemp()
+        >>> write_deltalake(folder, pa.table({"request_id": ["a", "b"]}))
+        >>> write_deltalake(folder, pa.table({"request_id": ["c"]}), mode="append")
+        >>> times = commit_times(folder)
+        >>> sorted(times), times["a"] == times["b"] <= times["c"]
+        (['a', 'b', 'c'], True)
+    """
+    log = Path(table_dir) / LOG_DIR
+    if not log.is_dir():
+        return {}
+    readable: dict[str, int] = {}
+    for commit in sorted(p for p in log.iterdir() if COMMIT_FILE.fullmatch(p.name)):
+        written_ms = commit.stat().st_mtime_ns // 1_000_000
+        for path in _added_files(commit):
+            try:
+                values = pq.ParquetFile(Path(table_dir) / path).read(columns=[column])
+            except (FileNotFoundError, KeyError):  # vacuumed, or no such column
+                continue
+            for value in values.column(column).to_pylist():
+                if value is not None:
+                    readable.setdefault(value, written_ms)
+    return readable
+
+
+def _added_files(commit: Path) -> list[str]:
+    """Relative paths of the data files commit file ``commit`` added as new data."""
+    from urllib.parse import unquote
+
+    files = []
+    with commit.open(encoding="utf-8") as f:
+        for line in f:
+            action = json.loads(line)
+            add = action.get("add")
+            if add and add.get("dataChange", True):
+                files.append(unquote(add["path"]))
+    return files
