@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from spark_ext.uris import is_local_uri, local_path, scheme
+
 #: The log folder of a Delta table.
 LOG_DIR = "_delta_log"
 #: A commit's file in it (not a checkpoint, a checksum or a compacted range of commits).
@@ -32,8 +34,9 @@ COMMIT_FILE = re.compile(r"\d{20}\.json")
 def commit_times(table_dir: str | os.PathLike, column: str = "request_id") -> dict[str, int]:
     """``column``'s value -> when the first commit whose files hold it was written
     (epoch ms), for every data file a commit of the local table at ``table_dir`` added
-    (files a compaction rewrote are not new rows: ``dataChange`` false). A file that
-    is gone (vacuumed) is skipped; no table there gives ``{}``.
+    (files a compaction rewrote are not new rows: ``dataChange`` false), by a path
+    relative to the table or an absolute ``file:`` one. A file that is gone (vacuumed)
+    or not local is skipped; no table there gives ``{}``.
 
     Example:
         >>> import tempfile, pyarrow as pa
@@ -52,8 +55,11 @@ def commit_times(table_dir: str | os.PathLike, column: str = "request_id") -> di
     for commit in sorted(p for p in log.iterdir() if COMMIT_FILE.fullmatch(p.name)):
         written_ms = commit.stat().st_mtime_ns // 1_000_000
         for path in _added_files(commit):
+            if scheme(path) is not None and not is_local_uri(path):
+                continue  # a file elsewhere (a shallow clone's source on a store)
+            file = local_path(path) if scheme(path) else Path(table_dir) / path
             try:
-                values = pq.ParquetFile(Path(table_dir) / path).read(columns=[column])
+                values = pq.ParquetFile(file).read(columns=[column])
             except (FileNotFoundError, KeyError):  # vacuumed, or no such column
                 continue
             for value in values.column(column).to_pylist():

@@ -3,10 +3,12 @@ written by delta-rs."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from sts_harness.readable import LOG_DIR, commit_times
@@ -55,6 +57,20 @@ def test_files_gone_and_log_files_that_are_not_commits_are_skipped(tmp_path: Pat
      ).write_text('{"add": {"path": "nowhere.parquet", "dataChange": true}}\n')
 
     assert set(commit_times(table)) == {"b"}
+
+
+def test_a_commit_may_name_its_file_by_an_absolute_local_uri(tmp_path: Path) -> None:
+    table = tmp_path / "answers"
+    write_deltalake(table, pa.table({"request_id": ["a"]}))
+    elsewhere = tmp_path / "elsewhere.parquet"
+    pq.write_table(pa.table({"request_id": ["b"]}), elsewhere)
+    commit = _commit_file(table, 1)  # as a shallow clone names its source's files
+    commit.write_text(json.dumps({"add": {"path": elsewhere.as_uri(), "dataChange": True,
+                                          "partitionValues": {}, "size": 1,
+                                          "modificationTime": 0}}) + "\n")
+    _date(commit, 7_000)
+
+    assert commit_times(table)["b"] == 7_000
 
 
 def test_no_table_gives_nothing(tmp_path: Path) -> None:
