@@ -39,7 +39,7 @@ from sidecar import percentiles, security_fields, write_text_atomically
 from sidecar.client import SidecarClient
 from sidecar.contract import PRIORITY_NAMES, now_ms
 from sts_harness.hops import hop_latencies
-from sts_harness.readable import commit_times
+from sts_harness.readable import add_readable_times, readable_by_deadline
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer, KafkaTopicSink
 from sts_harness.result_check import read_results, results_by_id
 
@@ -425,10 +425,10 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     finally:
         pipeline.stop()
         replayer.stop()
-    _add_readable_times(rows, config.output.table("answers"))
+    add_readable_times(rows, config.output.table("answers"))
     answers = [Answer(r["priority"], float(r["latency_ms"]), bool(r["deadline_met"]),
                       r["answer_source"] == "llm", r["answered_ts"],
-                      _readable_by_deadline(r)) for r in rows]
+                      readable_by_deadline(r)) for r in rows]
     result = summarize(scheme, rate, replayer.offered, answers, replayer.start_ms, ctx, sampler,
                        durations)
     result["hops_ms"] = hop_latencies(rows)
@@ -458,25 +458,6 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     result["query_phase_ms_p50"] = query_ms
     result["answers_by_source"] = dict(collections.Counter(r["answer_source"] for r in rows))
     return result
-
-
-def _add_readable_times(rows: list[dict], table: str) -> None:
-    """Each row's ``readable_ts``: the commit that added it to the local ``answers``
-    table at ``table`` (:mod:`sts_harness.readable`); left out elsewhere."""
-    from spark_ext.uris import is_local_uri, local_path
-
-    if not is_local_uri(table):
-        return
-    readable = commit_times(local_path(table))
-    for r in rows:
-        r["readable_ts"] = readable.get(r["request_id"])
-
-
-def _readable_by_deadline(row: dict) -> bool | None:
-    """Whether ``row`` was readable by its deadline (``None``: not known)."""
-    if row.get("readable_ts") is None or row.get("deadline_ts") is None:
-        return None
-    return row["readable_ts"] <= row["deadline_ts"]
 
 
 def _wait_published(pipeline, bootstrap_servers: str, topic: str, event_ids: set[str], *,

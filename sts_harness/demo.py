@@ -29,6 +29,7 @@ from sidecar.contract import PRIORITY_NAMES
 from spark_ext.kinds import CHANNEL_SIDES
 from sts_harness.demo_sizing import DEFAULT_FACTOR, DemoSizing, LivePace, sizing_from_stats
 from sts_harness.hops import format_hops, hop_latencies
+from sts_harness.readable import add_readable_times, readable_by_deadline
 from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
 
 
@@ -253,9 +254,12 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
     """The demo's summary figures from the answers table rows; each figure has one meaning.
 
     ``llm_within_sla``: per priority, the share of events answered by the model by their
-    deadline, and (``to_llm``, ``share_of_to_llm``) that share among the events L1/L2
-    left to the model (not answered by a ``rule`` or from the knowledge base): with
-    L1/L2 on, the first share is capped by routing, the second is the scheduler's.
+    deadline (decided by it: ``deadline_met``), and (``to_llm``, ``share_of_to_llm``)
+    that share among the events L1/L2 left to the model (not answered by a ``rule`` or
+    from the knowledge base): with L1/L2 on, the first share is capped by routing, the
+    second is the scheduler's; where the rows carry ``readable_ts``
+    (:mod:`sts_harness.readable`), ``llm_readable_on_time``: those whose row could be
+    read by the deadline.
     ``fallbacks_by_reason``: why the events still answered by the fallback got
     it (a fallback that a late model answer replaced counts as ``backfill``, not here).
     ``retrieval``: L1/L2's routes and hit rates (:meth:`FastPathStats.summary`), with
@@ -278,6 +282,9 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
                              "share": on_time / len(mine) if mine else None,
                              "to_llm": to_llm,
                              "share_of_to_llm": on_time / to_llm if to_llm else None}
+        if any(a.get("readable_ts") is not None for a in answers):
+            llm_within_sla[p]["llm_readable_on_time"] = sum(
+                1 for a in mine if a["answer_source"] == "llm" and readable_by_deadline(a))
     hit_rate = stats.get("prefixCacheHitRate")
     retrieval = None
     if fast_path is not None:
@@ -771,6 +778,7 @@ def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
     except Exception:  # the sidecar is gone
         stats = {}
     answers = pipeline.store.read("answers", summary_columns(pipeline)).to_pylist()
+    add_readable_times(answers, pipeline.config.output.table("answers"))
     fast_path = pipeline.fast_path_stats.summary() if opts.l1l2 else None
     if fast_path is not None and not fast_path["events"] and answers:  # counted elsewhere
         fast_path = fast_path_from_answers(answers)
@@ -831,8 +839,10 @@ def print_summary(summary: dict) -> None:
             to_llm = v.get("share_of_to_llm")
             of_llm = (f", {v['llm_on_time']}/{v.get('to_llm', 0)} left to the LLM "
                       f"({f'{to_llm:.0%}' if to_llm is not None else 'n/a'})")
+        readable = (f", {v['llm_readable_on_time']} readable by the deadline"
+                    if "llm_readable_on_time" in v else "")
         print(f"{p:<7} LLM within SLA {v['llm_on_time']:>4}/{v['events']:<4} ({share:>4})"
-              f"{of_llm}  latency {figures}")
+              f"{of_llm}{readable}  latency {figures}")
     if "rollout" in summary:
         from sts_harness.rollout_report import format_rollout
 

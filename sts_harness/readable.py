@@ -68,6 +68,36 @@ def commit_times(table_dir: str | os.PathLike, column: str = "request_id") -> di
     return readable
 
 
+def add_readable_times(rows: list[dict], table: str) -> None:
+    """Set each answer row's ``readable_ts`` (by its ``request_id``) from the commits of
+    the local table at ``table`` (:func:`commit_times`); nothing for a table elsewhere.
+
+    Example:
+        >>> rows = [{"request_id": "a"}]
+        >>> add_readable_times(rows, "s3://bucket/answers"); rows
+        [{'request_id': 'a'}]
+    """
+    if not is_local_uri(table):
+        return
+    readable = commit_times(local_path(table))
+    for row in rows:
+        row["readable_ts"] = readable.get(row["request_id"])
+
+
+def readable_by_deadline(row: dict) -> bool | None:
+    """Whether answer ``row`` was readable by its deadline (``None``: not known).
+
+    Example:
+        >>> readable_by_deadline({"readable_ts": 900, "deadline_ts": 1_000})
+        True
+        >>> readable_by_deadline({"deadline_ts": 1_000}) is None
+        True
+    """
+    if row.get("readable_ts") is None or row.get("deadline_ts") is None:
+        return None
+    return row["readable_ts"] <= row["deadline_ts"]
+
+
 def _added_files(commit: Path) -> list[str]:
     """Relative paths of the data files commit file ``commit`` added as new data."""
     from urllib.parse import unquote

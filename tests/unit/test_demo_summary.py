@@ -54,3 +54,19 @@ def test_the_micro_batch_line_counts_the_batches_since_the_replay_began(capsys) 
     print_summary(summary)
     assert ("micro-batches sts-answers  40 with input since the replay began, P50 900 ms, "
             "P99 1200 ms") in capsys.readouterr().out
+
+
+def test_the_model_answers_readable_by_their_deadline_are_counted_where_known(capsys) -> None:
+    in_time = _answer("llm", None, "high") | {"deadline_ts": 1_000, "readable_ts": 900}
+    late = _answer("llm", None, "high") | {"request_id": "r2", "deadline_ts": 1_000,
+                                           "readable_ts": 1_400}
+    summary = summarize([in_time, late], events=2, wall_s=1.0, stats={})
+    high = summary["llm_within_sla"]["high"]
+    assert (high["llm_on_time"], high["llm_readable_on_time"]) == (2, 1)
+    assert summary["hops_ms"]["answer landed -> readable"]["n"] == 2
+    summary |= {"tables": {}, "plots": [], "incomplete": None}
+    print_summary(summary)
+    assert "high    LLM within SLA    2/2    (100%), 1 readable by the deadline" in \
+        capsys.readouterr().out
+    without = summarize([_answer("llm", None, "high")], events=1, wall_s=1.0, stats={})
+    assert "llm_readable_on_time" not in without["llm_within_sla"]["high"]
