@@ -5,7 +5,7 @@ A row's own timestamps are written before its commit: ``answered_ts`` in ``answe
 the time the answers micro-batch that decided the row began (every row of a micro-batch
 gets the same time, so a replayed micro-batch decides the same), and the row is readable
 only once that micro-batch's append commits. Benchmarks and the demo read the commit
-times from the table's log to say how long that takes (*answer decided -> readable*) and
+times from the table's log to say how long that takes (*answer landed -> readable*) and
 which answers could be read by their deadline.
 
 A commit's time here is when its log file (``_delta_log/<version>.json``) was written:
