@@ -270,6 +270,7 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
     fallbacks = collections.Counter(a.get("reason") or a["status"] for a in answers
                                     if a["answer_source"] == "fallback")
     latency: dict[str, dict[str, float | None]] = {}
+    readable_known = any(a.get("readable_ts") is not None for a in answers)
     llm_within_sla: dict[str, dict[str, float | int | None]] = {}
     for p in PRIORITY_NAMES:
         mine = [a for a in answers if a["priority"] == p]
@@ -282,7 +283,7 @@ def summarize(answers: list[dict], *, events: int, wall_s: float, stats: dict,
                              "share": on_time / len(mine) if mine else None,
                              "to_llm": to_llm,
                              "share_of_to_llm": on_time / to_llm if to_llm else None}
-        if any(a.get("readable_ts") is not None for a in answers):
+        if readable_known:
             llm_within_sla[p]["llm_readable_on_time"] = sum(
                 1 for a in mine if a["answer_source"] == "llm" and readable_by_deadline(a))
     hit_rate = stats.get("prefixCacheHitRate")

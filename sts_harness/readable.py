@@ -21,6 +21,7 @@ import os
 import re
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spark_ext.uris import is_local_uri, local_path, scheme
@@ -31,12 +32,13 @@ LOG_DIR = "_delta_log"
 COMMIT_FILE = re.compile(r"\d{20}\.json")
 
 
-def commit_times(table_dir: str | os.PathLike, column: str = "request_id") -> dict[str, int]:
+def commit_times(table: str | os.PathLike, column: str = "request_id") -> dict[str, int]:
     """``column``'s value -> when the first commit whose files hold it was written
-    (epoch ms), for every data file a commit of the local table at ``table_dir`` added
-    (files a compaction rewrote are not new rows: ``dataChange`` false), by a path
-    relative to the table or an absolute ``file:`` one. A file that is gone (vacuumed)
-    or not local is skipped; no table there gives ``{}``.
+    (epoch ms), for every data file a commit of the local table at ``table`` (a path or
+    a ``file:`` URI) added (files a compaction rewrote are not new rows: ``dataChange``
+    false), by a path relative to the table or an absolute ``file:`` one. A file that is
+    gone (vacuumed), not local or unreadable is skipped; no table there, or a table that is not
+    local (``s3://...``), gives ``{}``.
 
     Example:
         >>> import tempfile, pyarrow as pa
@@ -48,7 +50,11 @@ def commit_times(table_dir: str | os.PathLike, column: str = "request_id") -> di
         >>> sorted(times), times["a"] == times["b"] <= times["c"]
         (['a', 'b', 'c'], True)
     """
-    log = Path(table_dir) / LOG_DIR
+    uri = os.fspath(table)
+    if not is_local_uri(uri):
+        return {}
+    table_dir = local_path(uri)
+    log = table_dir / LOG_DIR
     if not log.is_dir():
         return {}
     readable: dict[str, int] = {}
@@ -57,11 +63,11 @@ def commit_times(table_dir: str | os.PathLike, column: str = "request_id") -> di
         for path in _added_files(commit):
             if scheme(path) is not None and not is_local_uri(path):
                 continue  # a file elsewhere (a shallow clone's source on a store)
-            file = local_path(path) if scheme(path) else Path(table_dir) / path
+            file = local_path(path) if scheme(path) else table_dir / path
             try:
                 values = pq.ParquetFile(file).read(columns=[column])
-            except (FileNotFoundError, KeyError):  # vacuumed, or no such column
-                continue
+            except (OSError, KeyError, pa.ArrowInvalid):  # vacuumed, no such column, or
+                continue  # not Parquet: unknown, and the summary still comes
             for value in values.column(column).to_pylist():
                 if value is not None:
                     readable.setdefault(value, written_ms)
@@ -70,16 +76,15 @@ def commit_times(table_dir: str | os.PathLike, column: str = "request_id") -> di
 
 def add_readable_times(rows: list[dict], table: str) -> None:
     """Set each answer row's ``readable_ts`` (by its ``request_id``) from the commits of
-    the local table at ``table`` (:func:`commit_times`); nothing for a table elsewhere.
+    the table at ``table`` (:func:`commit_times`; ``None`` where not known, as for any
+    row of a table that is not local).
 
     Example:
         >>> rows = [{"request_id": "a"}]
         >>> add_readable_times(rows, "s3://bucket/answers"); rows
-        [{'request_id': 'a'}]
+        [{'request_id': 'a', 'readable_ts': None}]
     """
-    if not is_local_uri(table):
-        return
-    readable = commit_times(local_path(table))
+    readable = commit_times(table)
     for row in rows:
         row["readable_ts"] = readable.get(row["request_id"])
 

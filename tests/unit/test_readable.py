@@ -59,6 +59,16 @@ def test_files_gone_and_log_files_that_are_not_commits_are_skipped(tmp_path: Pat
     assert set(commit_times(table)) == {"b"}
 
 
+def test_a_file_that_is_not_parquet_is_skipped(tmp_path: Path) -> None:
+    table = tmp_path / "answers"
+    write_deltalake(table, pa.table({"request_id": ["a"]}))
+    write_deltalake(table, pa.table({"request_id": ["b"]}), mode="append")
+    Path(DeltaTable(table, version=0).file_uris()[0].removeprefix("file://")
+         ).write_bytes(b"not parquet")
+
+    assert set(commit_times(table)) == {"b"}
+
+
 def test_a_commit_may_name_its_file_by_an_absolute_local_uri(tmp_path: Path) -> None:
     table = tmp_path / "answers"
     write_deltalake(table, pa.table({"request_id": ["a"]}))
@@ -71,6 +81,13 @@ def test_a_commit_may_name_its_file_by_an_absolute_local_uri(tmp_path: Path) -> 
     _date(commit, 7_000)
 
     assert commit_times(table)["b"] == 7_000
+
+
+def test_a_table_by_file_uri_is_read_and_one_on_a_store_is_not(tmp_path: Path) -> None:
+    table = tmp_path / "answers"
+    write_deltalake(table, pa.table({"request_id": ["a"]}))
+    assert set(commit_times(table.as_uri())) == {"a"}
+    assert commit_times("s3://bucket/answers") == {}  # never read as a local path
 
 
 def test_no_table_gives_nothing(tmp_path: Path) -> None:
