@@ -151,6 +151,21 @@ def _sidecar_args(opts: BenchOptions, sidecar_id: str | None = None) -> list[str
     return args + list(opts.sidecar_args)
 
 
+def steps_line(steps: dict[str, dict]) -> str:
+    """One line of where the answers micro-batches' time went: each step's P50 (ms) and,
+    for a step not in every micro-batch, in how many it ran.
+
+    Example:
+        >>> steps_line({"ledger": {"n": 29, "p50": 383.0}, "answers": {"n": 29, "p50": 250.4},
+        ...             "results": {"n": 3, "p50": 130.0}, "total": {"n": 29, "p50": 640.0}})
+        'answers micro-batch P50 ms (29): ledger 383, answers 250, results 130 (in 3), total 640'
+    """
+    total = steps.get("total", {}).get("n") or max(v["n"] for v in steps.values())
+    parts = [f"{step} {v['p50']:.0f}" + (f" (in {v['n']})" if v["n"] < total else "")
+             for step, v in steps.items() if v.get("p50") is not None]
+    return f"answers micro-batch P50 ms ({total}): " + ", ".join(parts)
+
+
 def _row(r: dict) -> str:
     lat = r["latency_ms"]
     p50 = f"{lat['p50']:.0f}" if lat["p50"] is not None else "-"
@@ -230,6 +245,8 @@ def run_bench(opts: BenchOptions) -> dict:
                 if result.get("hops_ms"):
                     print("\n".join("    " + line for line in format_hops(result["hops_ms"])),
                           flush=True)
+                if result.get("answers_steps_ms"):
+                    print("    " + steps_line(result["answers_steps_ms"]), flush=True)
                 if result.get("goodput_readable") is not None:
                     print(f"    goodput with the row readable by its deadline (its commit): "
                           f"{result['goodput_readable']:.1%}", flush=True)

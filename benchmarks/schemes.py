@@ -456,6 +456,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
                            "event_partitions": ctx.kafka.event_partitions,
                            "timestamps": {"events": kind, "results": result_kind}}
     result["query_phase_ms_p50"] = query_ms
+    result["answers_steps_ms"] = pipeline.counts.step_percentiles(since_ms=replayer.start_ms)
     result["answers_by_source"] = dict(collections.Counter(r["answer_source"] for r in rows))
     return result
 

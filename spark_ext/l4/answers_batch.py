@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from sidecar.contract import now_ms
 from spark_ext.l2.fast_path import FastPathStats
 from spark_ext.l4.candidates import EVENTS, UNREADABLE
 from spark_ext.l4.counts import PipelineCounts
@@ -98,7 +99,7 @@ class AnswersBatch:
         timer.lap("release")
         self.counts.conflicts_retried = writer.conflicts_retried
         timer.laps["total"] = round(sum(timer.laps.values()), 1)
-        self.counts.last_batch_ms = timer.laps
+        self.counts.add_batch(timer.laps, ended_ms=now_ms())
         logger.debug("Answers batch %d: %s ms.", batch_id, timer.laps)
 
     def _count(self, summary: list[dict], merged: dict[str, int]) -> None:

@@ -9,6 +9,16 @@ import collections
 from dataclasses import dataclass, field
 
 
+#: Answers micro-batches whose steps :class:`PipelineCounts` keeps one by one (an hour at
+#: one a second; ~1 MB).
+RECENT_BATCHES = 3600
+
+#: The steps of an answers micro-batch in the order they run
+#: (:class:`~spark_ext.l4.answers_batch.AnswersBatch`); ``total`` is their sum.
+STEP_ORDER = ("ledger", "answers", "answers_merge", "shadow_answers", "shadow_answers_merge",
+              "requests", "results", "dead_letters", "review_queue", "release", "total")
+
+
 @dataclass
 class PipelineCounts:
     """Counters of one pipeline since it started."""
@@ -48,8 +58,68 @@ class PipelineCounts:
     """Where the last answers micro-batch's time went: the ledger, then each table's
     write (ms)."""
 
+    step_seconds: collections.Counter = field(default_factory=collections.Counter)
+    """Seconds spent per step of the answers micro-batches (:meth:`add_batch`)."""
+
+    step_batches: collections.Counter = field(default_factory=collections.Counter)
+    """Answers micro-batches that ran each step."""
+
+    recent_batches: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_BATCHES))
+    """The last :data:`RECENT_BATCHES` answers micro-batches: ``(epoch ms at their end,
+    their steps in ms)``, for percentiles over a window (``sts bench``)."""
+
     open_by_bucket: dict[int, int] = field(default_factory=dict)
     """Accepted requests still waiting for their answer, per ledger bucket."""
+
+    def add_batch(self, laps_ms: dict[str, float], *, ended_ms: int) -> None:
+        """Count one answers micro-batch whose steps took ``laps_ms`` (step -> ms, with
+        ``total``), ended at ``ended_ms``.
+
+        Example:
+            >>> c = PipelineCounts()
+            >>> c.add_batch({"ledger": 300.0, "answers": 200.0, "total": 500.0}, ended_ms=1)
+            >>> c.add_batch({"ledger": 500.0, "results": 250.0, "total": 750.0}, ended_ms=2)
+            >>> c.step_batches["ledger"], c.step_batches["results"], c.step_seconds["total"]
+            (2, 1, 1.25)
+            >>> c.last_batch_ms["results"], len(c.recent_batches)
+            (250.0, 2)
+        """
+        for step, ms in laps_ms.items():
+            self.step_seconds[step] += ms / 1000.0
+            self.step_batches[step] += 1
+        self.last_batch_ms = laps_ms
+        self.recent_batches.append((ended_ms, laps_ms))
+
+    def step_percentiles(self, since_ms: int = 0) -> dict[str, dict]:
+        """Per step of the answers micro-batches that ended at or after ``since_ms``
+        (of the last :data:`RECENT_BATCHES`): ``{"n": micro-batches that ran it, "p50",
+        "p90"}`` in ms, in :data:`STEP_ORDER`; ``{}`` for none.
+
+        Example:
+            >>> c = PipelineCounts()
+            >>> for t, laps in enumerate([{"ledger": 300.0, "total": 300.0},
+            ...                           {"ledger": 500.0, "results": 250.0, "total": 750.0},
+            ...                           {"ledger": 400.0, "total": 400.0}]):
+            ...     c.add_batch(laps, ended_ms=t)
+            >>> c.step_percentiles(since_ms=1)["ledger"]
+            {'n': 2, 'p50': 450.0, 'p90': 490.0}
+            >>> list(c.step_percentiles())
+            ['ledger', 'results', 'total']
+        """
+        from sidecar import percentiles
+
+        by_step: dict[str, list[float]] = {}
+        for ended, laps in list(self.recent_batches):
+            if ended >= since_ms:
+                for step, ms in laps.items():
+                    by_step.setdefault(step, []).append(ms)
+
+        def order(step: str) -> int:
+            return STEP_ORDER.index(step) if step in STEP_ORDER else STEP_ORDER.index("release")
+
+        return {step: {"n": len(by_step[step]), **percentiles(by_step[step], (50, 90))}
+                for step in sorted(by_step, key=order)}
 
     @property
     def open_requests(self) -> int:

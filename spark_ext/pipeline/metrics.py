@@ -3,9 +3,10 @@
 A :class:`~pyspark.sql.streaming.StreamingQueryListener` records each micro-batch of the
 pipeline's queries (input and processing rates, batch duration, rows); a collector reads
 the pipeline's own figures at scrape time: requests submitted, answers by source,
-requests still waiting for an answer (the backlog), safety-net fallbacks and output
-validation failures by rule. Names: ``sts_spark_`` prefix, base units, ``_total`` on
-counters, on a registry of their own.
+requests still waiting for an answer (the backlog), safety-net fallbacks, output
+validation failures by rule, and where the answers micro-batches' time goes (by step).
+Names: ``sts_spark_`` prefix, base units, ``_total`` on counters, on a registry of their
+own.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Metric,
+                                   SummaryMetricFamily)
 from prometheus_client.registry import Collector
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -66,6 +68,15 @@ class _PipelineCollector(Collector):
                                         "committed first.")
         conflicts.add_metric([], p.counts.conflicts_retried)
         yield conflicts
+        steps = SummaryMetricFamily(
+            f"{_PREFIX}_answers_batch_step_seconds",
+            "Time of the answers micro-batches by step: ledger (the stateful step and the "
+            "output's caching), a table's name (its append), <table>_merge, release, total.",
+            labels=["step"])
+        seconds, batches = dict(p.counts.step_seconds), dict(p.counts.step_batches)
+        for step in sorted(batches):
+            steps.add_metric([step], batches[step], seconds.get(step, 0.0))
+        yield steps
         invalid = CounterMetricFamily(f"{_PREFIX}_validation_failures",
                                       "Answers replaced by the fallback, by validation rule.",
                                       labels=["rule"])

@@ -67,6 +67,11 @@ def test_bench_smoke_all_schemes_on_the_simulated_engine(tmp_path: Path, spark) 
     assert runs["baseline-sync"]["final_backlog"] > runs["sts"]["final_backlog"] == 0
     # The blocking batch waits for the model; STS's submit batch does not.
     assert runs["baseline-sync"]["batch_s"]["p99"] > runs["sts"]["batch_s"]["p50"]
+    # Where the answers micro-batches' time went, from the replay's start on.
+    steps = runs["sts"]["answers_steps_ms"]
+    assert steps["ledger"]["n"] == steps["total"]["n"] > 0
+    assert 0 < steps["answers"]["n"] <= steps["total"]["n"]
+    assert steps["total"]["p50"] >= steps["ledger"]["p50"] > 0
     assert spark.sparkContext._jsc is not None, "the bench stopped the caller's session"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -517,6 +518,11 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
     assert "sts_spark_requests_submitted_total 3.0" in metrics
     assert 'sts_spark_input_rows_total{query="sts-submit"} 3.0' in metrics
     assert "sts_spark_backlog_requests 0.0" in metrics
+    # Where the answers micro-batches' time went: the ledger in each, the answers' append.
+    steps = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'sts_spark_answers_batch_step_seconds_count\{step="(\w+)"\} (\S+)', metrics)}
+    assert steps["ledger"] == steps["total"] >= 1 and steps["answers"] >= 1
+    assert 'sts_spark_answers_batch_step_seconds_sum{step="answers"}' in metrics
     promtool = require_tool("promtool", "Debian's prometheus package")
     lint = subprocess.run([promtool, "check", "metrics"], input=metrics, text=True,
                           capture_output=True, timeout=30)
