@@ -208,9 +208,10 @@ class SoakSampler(threading.Thread):
         return json.loads(done.stdout)
 
     def _pipeline_facts(self) -> dict:
-        """The answers micro-batch's duration (P50 of the last minute's batches with
-        input), where the last one's time went (ledger, each table's write), the Kafka
-        lag, the write conflicts retried and the requests still waiting."""
+        """The answers micro-batch's duration (P50 of the last interval's batches with
+        input), where their time went (per step, the P50 over the interval's micro-batches
+        that ran it: the ledger, each table's write), the Kafka lag, the write conflicts
+        retried and the requests still waiting."""
         import statistics
 
         p = self.pipeline
@@ -223,7 +224,8 @@ class SoakSampler(threading.Thread):
         durations = [x["durationMs"].get("triggerExecution", 0) for x in recent]
         lag = p.kafka_lag()
         return {"answers_batch_ms_p50": statistics.median(durations) if durations else None,
-                "answers_write_ms": dict(p.counts.last_batch_ms),
+                "answers_write_ms": {step: v["p50"] for step, v in
+                                     p.counts.step_percentiles(now_ms() - since).items()},
                 "kafka_lag": sum(sum(v.values()) for v in lag.values()) if lag else 0,
                 "conflicts_retried": p.counts.conflicts_retried,
                 "open_requests": p.open_requests}

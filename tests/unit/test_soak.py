@@ -9,8 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from benchmarks.soak import _series, answer_lag, lag_windows, live_tables, main
+from benchmarks.soak import (SoakSampler, _series, answer_lag, lag_windows, live_tables,
+                             main)
 from sidecar.contract import now_ms
+from spark_ext.l4.counts import PipelineCounts
 
 
 def _answers(ts: list[int]) -> pa.Table:
@@ -99,3 +101,27 @@ def test_replot_fills_in_the_live_tables_of_an_older_run(tmp_path: Path):
 
 def doc_windows(out: Path) -> list[dict]:
     return json.loads((out / "soak.json").read_text(encoding="utf-8"))["windows"]
+
+
+class _Pipeline:
+    """What the sampler reads of a pipeline: its queries, counters, lag and backlog."""
+
+    def __init__(self, counts: PipelineCounts) -> None:
+        self.queries, self.counts, self.open_requests = [], counts, 0
+
+    def kafka_lag(self) -> dict:
+        return {}
+
+
+def test_the_write_cost_per_sample_is_the_intervals_median_not_the_last_micro_batch(
+        tmp_path: Path):
+    counts = PipelineCounts()
+    now = now_ms()
+    counts.add_batch({"ledger": 900.0, "answers": 900.0}, ended_ms=now - 120_000)  # earlier
+    for ledger, answers in ((300.0, 200.0), (400.0, 250.0), (350.0, 1_000.0)):
+        counts.add_batch({"ledger": ledger, "answers": answers}, ended_ms=now - 1_000)
+    sampler = SoakSampler(tmp_path, every_s=60.0)
+    sampler.pipeline = _Pipeline(counts)
+    facts = sampler._pipeline_facts()
+    assert facts["answers_write_ms"] == {"ledger": 350.0, "answers": 250.0}
+    assert facts["conflicts_retried"] == 0 and facts["kafka_lag"] == 0
