@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 
 #: Answers micro-batches whose steps :class:`PipelineCounts` keeps one by one (an hour at
-#: one a second; ~1 MB).
+#: one a second; ~2 MB).
 RECENT_BATCHES = 3600
 
 #: The steps of an answers micro-batch in the order they run
