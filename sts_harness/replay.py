@@ -149,7 +149,7 @@ class EventReplayer(threading.Thread):
     def run(self) -> None:
         # The schedule's time 0 is ``start_ms`` on both clocks, also while the events are
         # made (~0.1 s for 6,000 on a busy machine): an event due in that time is written
-        # late, and its latency counts it; none is stamped earlier than it is offered.
+        # as soon as they are made, late, and its latency counts it.
         self.start_ms, start = now_ms(), time.monotonic()
         events = self.make_events(self.start_ms)
         if len(events) != len(self.arrivals_s):

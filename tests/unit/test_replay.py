@@ -55,5 +55,5 @@ def test_events_are_offered_on_schedule_when_making_them_takes_time(tmp_path: Pa
     offered = {e["event_id"]: e for f in tmp_path.glob("*.json")
                for e in map(json.loads, f.read_text().splitlines())}
     late = {i: sink.written_ms[i] - offered[i]["event_ts"] for i in offered}
-    assert 0 <= late["1"] < 1000, late
-    assert 5000 <= late["0"] < 6000, late
+    assert 0 <= late["1"] < 2500, late  # the old order: 5,000 ms
+    assert 5000 <= late["0"] < 10_000, late
