@@ -54,10 +54,6 @@ class PipelineCounts:
     conflicts_retried: int = 0
     """Delta write conflicts retried (another writer committed first)."""
 
-    last_batch_ms: dict[str, float] = field(default_factory=dict)
-    """Where the last answers micro-batch's time went: the ledger, then each table's
-    write (ms)."""
-
     step_seconds: collections.Counter = field(default_factory=collections.Counter)
     """Seconds spent per step of the answers micro-batches (:meth:`add_batch`)."""
 
@@ -82,13 +78,12 @@ class PipelineCounts:
             >>> c.add_batch({"ledger": 500.0, "results": 250.0, "total": 750.0}, ended_ms=2)
             >>> c.step_batches["ledger"], c.step_batches["results"], c.step_seconds["total"]
             (2, 1, 1.25)
-            >>> c.last_batch_ms["results"], len(c.recent_batches)
-            (250.0, 2)
+            >>> c.recent_batches[-1]
+            (2, {'ledger': 500.0, 'results': 250.0, 'total': 750.0})
         """
         for step, ms in laps_ms.items():
             self.step_seconds[step] += ms / 1000.0
             self.step_batches[step] += 1
-        self.last_batch_ms = laps_ms
         self.recent_batches.append((ended_ms, laps_ms))
 
     def step_percentiles(self, since_ms: int = 0) -> dict[str, dict]:
