@@ -7,12 +7,14 @@ The results and acks come from the result channel's Spark side
 (:mod:`spark_ext.l4.channels`: two landing folders on ``files``, one Kafka source over
 the result and acks topics on ``kafka``). Every arrival becomes the
 candidates of :mod:`spark_ext.l4.candidates` (on the executors), with the micro-batch's
-time, then goes to bucket ``pmod(hash(request_id), buckets)``.
+time, then goes to bucket ``keys[pmod(hash(request_id), len(keys))]`` of the ledger's
+bucket keys (:mod:`spark_ext.l4.buckets`); the clock gives each bucket a tick.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -32,10 +34,6 @@ from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, DEAD_LETTER_META
 PIPELINE_ATTRIBUTE = "sts.pipeline"
 #: Boolean column of the routed submit query: whether the row goes to the sidecar.
 SUBMIT_COLUMN = "_sts_submit"
-#: Buckets of the ledger (its state is one value per bucket): fixed, because a
-#: checkpoint's state is keyed by them.
-LEDGER_BUCKETS = 8
-
 #: The ``dead_letters`` table's columns, from an ack row of a dead letter.
 _DEAD_LETTER = {
     "topic": "_kafka_topic", "partition": "_kafka_partition", "offset": "_kafka_offset",
@@ -129,8 +127,10 @@ def arrivals(spark: SparkSession, channel: ChannelSide, *, ack_schema: StructTyp
 
 def ledger_input(arrivals_df: DataFrame, clock: DataFrame, config: PipelineConfig, *,
                  hold_ms: int, rule_text: str, count_events: bool,
-                 submit_column: str | None) -> DataFrame:
-    """Candidates of the arrivals and the clock's ticks, each with its ``_bucket``."""
+                 submit_column: str | None, bucket_keys: Sequence[int]) -> DataFrame:
+    """Candidates of the arrivals and the clock's ticks, each with its ``_bucket``: one
+    of ``bucket_keys`` (:mod:`spark_ext.l4.buckets`) by the hash of its ``request_id``
+    (of its payload without one); the clock gives a tick to each."""
     keys = tuple(config.tagging.key_columns)
     schema = spark_schema(ledger_schema(keys))
     answers = config.answers
@@ -145,9 +145,10 @@ def ledger_input(arrivals_df: DataFrame, clock: DataFrame, config: PipelineConfi
     now = batch_time_ms(arrivals_df.sparkSession)
     timed = arrivals_df.withColumn(NOW, now)
     candidates = timed.mapInArrow(fn, schema)
-    bucket = F.pmod(F.hash(F.coalesce(F.col("request_id"), F.col(PAYLOAD))),
-                    F.lit(LEDGER_BUCKETS)).cast("int")
-    candidates = candidates.withColumn("_bucket", bucket)
+    which = F.pmod(F.hash(F.coalesce(F.col("request_id"), F.col(PAYLOAD))),
+                   F.lit(len(bucket_keys)))
+    bucket = F.element_at(F.array(*[F.lit(k) for k in bucket_keys]), which + 1)
+    candidates = candidates.withColumn("_bucket", bucket.cast("int"))
     ticks = clock.select(*[
         (F.col("bucket").cast("int") if f.name == "_bucket"
          else F.lit(CLOCK) if f.name == "_kind"

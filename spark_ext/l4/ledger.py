@@ -335,14 +335,13 @@ def _window_start(table: str | None, at: int, every_ms: int) -> int:
     return (at - shift) // every_ms * every_ms + shift
 
 
-def _held_by_table(held: pa.Table) -> Iterator[tuple[str | None, Any, int | None]]:
-    """Each record table in ``held``: its name, the mask of its rows, its oldest
-    ``_now``."""
-    tables = held.column("_table")
-    for table in pc.unique(tables).to_pylist() if held.num_rows else []:
-        mine = pc.fill_null(pc.equal(tables, table), False) if table is not None \
-            else pc.is_null(tables)
-        yield table, mine, pc.min(held.filter(mine).column("_now")).as_py()
+def _oldest_by_table(held: pa.Table) -> dict[str | None, int | None]:
+    """Each record table in ``held`` and the oldest ``_now`` of its rows, in one pass
+    over those two columns (the rows' payloads are not touched)."""
+    if held.num_rows == 0:
+        return {}
+    oldest = held.select(["_table", "_now"]).group_by("_table").aggregate([("_now", "min")])
+    return dict(zip(oldest.column("_table").to_pylist(), oldest.column("_now_min").to_pylist()))
 
 
 def hold_records(held: pa.Table, records: pa.Table, *, now: int, every_ms: int
@@ -370,11 +369,13 @@ def hold_records(held: pa.Table, records: pa.Table, *, now: int, every_ms: int
     both = pa.concat_tables([held, records]) if held.num_rows else records
     if every_ms <= 0 or both.num_rows >= MAX_HELD_RECORDS or both.num_rows == 0:
         return both, both.schema.empty_table()
-    due = pa.array([False] * both.num_rows)
-    for table, mine, oldest in _held_by_table(both):
-        if oldest is not None and \
-                _window_start(table, oldest, every_ms) < _window_start(table, now, every_ms):
-            due = pc.or_(due, mine)
+    due_tables = [table for table, oldest in _oldest_by_table(both).items()
+                  if oldest is not None and
+                  _window_start(table, oldest, every_ms) < _window_start(table, now, every_ms)]
+    if not due_tables:
+        return both.schema.empty_table(), both
+    due = pc.is_in(both.column("_table"), value_set=pa.array(due_tables, pa.string()),
+                   skip_nulls=False)
     return both.filter(due), both.filter(pc.invert(due))
 
 
@@ -383,7 +384,7 @@ def stats_payload(state: LedgerState, every_ms: int) -> dict[str, Any]:
     remembered, records held, and the next time the bucket has work without any new
     arrival: a fallback falling due, or held records to flush (``None``: none)."""
     due = [pc.min(state.open.column("_due_ts")).as_py()] if state.open.num_rows else []
-    for table, _, oldest in _held_by_table(state.held):
+    for table, oldest in _oldest_by_table(state.held).items():
         if oldest is not None:
             due.append(_window_start(table, oldest, every_ms) + every_ms)
     return {"open": state.open.num_rows, "remembered": state.answered.num_rows,

@@ -56,8 +56,9 @@ from spark_ext.l2.prompts import build_requests
 from spark_ext.l2.template import PromptTemplate
 from spark_ext.l4.answers import KB_IDS, hours_between
 from spark_ext.l4.answers_batch import AnswersBatch
-from spark_ext.l4.arrivals import (LEDGER_BUCKETS, PIPELINE_ATTRIBUTE, SUBMIT_COLUMN,
-                                   arrivals, ledger_input, record_schemas)
+from spark_ext.l4.arrivals import (PIPELINE_ATTRIBUTE, SUBMIT_COLUMN, arrivals, ledger_input,
+                                   record_schemas)
+from spark_ext.l4.buckets import MAX_BUCKETS, checkpoint_bucket_keys
 from spark_ext.l4.counts import PipelineCounts
 from spark_ext.l4.channels import ChannelSide, channel_side
 from spark_ext.l4.ledger import BucketLedger, ledger_schema
@@ -71,7 +72,7 @@ from spark_ext.pipeline.executor_warmup import ExecutorWarmup
 from spark_ext.pipeline.scaling import (ScaleController, SparkExecutors, pipeline_scale,
                                         scaling_step)
 from spark_ext.schemas import spark_schema
-from spark_ext.session import is_connect
+from spark_ext.session import is_connect, task_slots
 from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE, register_clock_source
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
@@ -385,20 +386,22 @@ class StsPipeline:
         name = f"sts-clock-{self.pipeline_id}-{self.runs['answers'].id}.json"
         return os.path.join(tempfile.gettempdir(), "sts-spark", name)
 
-    def answers_input(self, ack_schema) -> DataFrame:
+    def answers_input(self, ack_schema, bucket_keys: tuple[int, ...]) -> DataFrame:
         """The answers query's stream: the ledger's output (:mod:`spark_ext.l4.ledger`)
-        over the results, the acks of ``ack_schema`` and the clock."""
+        over the results, the acks of ``ack_schema`` and the clock, in the buckets
+        ``bucket_keys`` (:mod:`spark_ext.l4.buckets`)."""
         from pyspark.sql.streaming.state import GroupStateTimeout
 
         config = self.config
         register_clock_source(self.spark)
         clock = (self.spark.readStream.format(CLOCK_SOURCE).option("hintPath", self.hint_path())
-                 .option("buckets", str(LEDGER_BUCKETS)).load())
+                 .option("bucketIds", ",".join(map(str, bucket_keys))).load())
         candidates = ledger_input(
             arrivals(self.spark, self.channel, ack_schema=ack_schema),
             clock, config, hold_ms=STATE_HOLD_MS, rule_text=config.routing.rule_text,
             count_events=fast_path.enabled(config),
-            submit_column=SUBMIT_COLUMN if self._routed() else None)
+            submit_column=SUBMIT_COLUMN if self._routed() else None,
+            bucket_keys=bucket_keys)
         keys = tuple(config.tagging.key_columns)
         every = config.output.records_interval_s
         if every is None:
@@ -460,8 +463,16 @@ class StsPipeline:
         publish = self.config.answers.topic is not None
         self._check_locations()
         self._set_aside_stale_state()
+        answers_checkpoint = self.config.output.checkpoint("answers")
+        new_answers_run = is_new_checkpoint(self.spark, answers_checkpoint)
         for query in QUERIES if publish else ("submit", "answers"):
             self.runs[query] = query_run(self.spark, self.config.output.checkpoint(query))
+        # The ledger's state has one value per bucket and one bucket per shuffle
+        # partition (Spark's default of 200 would run 200 tasks a micro-batch); a
+        # checkpoint keeps the buckets, and the partitions, its first run chose.
+        ledger_buckets = checkpoint_bucket_keys(
+            self.spark, answers_checkpoint, new_run=new_answers_run,
+            partitions=max(1, min(MAX_BUCKETS, task_slots(self.spark))))
         realtime_since = self._realtime_publish_since() \
             if publish and self.config.output.realtime_publish else None
         self.tables.create_tables(self.spark)
@@ -493,15 +504,9 @@ class StsPipeline:
         # The answers query first: its sources start Python workers that must connect
         # back within Spark's fixed timeout, which L1/L2's start (model loads in every
         # worker) can exceed on a busy machine.
-        # The ledger's state has one value per bucket: as many partitions as buckets at
-        # most (Spark's default of 200 would run 200 tasks a micro-batch); a checkpoint
-        # keeps the number its first run chose.
-        from spark_ext.session import task_slots
-
-        partitions = str(max(1, min(LEDGER_BUCKETS, task_slots(self.spark))))
-        answers = self._start(self.answers_input(acks), "answers",
+        answers = self._start(self.answers_input(acks, ledger_buckets), "answers",
                               foreach=batch_writer, output_mode="update",
-                              confs={"spark.sql.shuffle.partitions": partitions,
+                              confs={"spark.sql.shuffle.partitions": str(len(ledger_buckets)),
                                      **self.tables.query_confs})
         try:
             _await_sources(answers)

@@ -14,7 +14,7 @@ Usage::
 
     register_clock_source(spark)
     ticks = (spark.readStream.format("sts_clock").option("hintPath", "/tmp/hint.json")
-             .option("buckets", "8").load())
+             .option("bucketIds", "2,0").load())
 """
 
 from __future__ import annotations
@@ -86,7 +86,9 @@ class ClockStreamReader(SimpleDataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         options = {k.lower(): v for k, v in options.items()}
         self.hint_path = options["hintpath"]
-        self.buckets = int(options.get("buckets", "1"))
+        ids = options.get("bucketids")
+        self.buckets = ([int(b) for b in ids.split(",")] if ids
+                        else list(range(int(options.get("buckets", "1")))))
         self.min_gap_ms = int(options.get("mingapms", "250"))
         self._ticked = False
         self._last = 0
@@ -95,7 +97,7 @@ class ClockStreamReader(SimpleDataSourceStreamReader):
         return {"tick": 0}
 
     def _rows(self, tick: int) -> Iterator[tuple]:
-        return iter([(b, tick) for b in range(self.buckets)])
+        return iter([(b, tick) for b in self.buckets])
 
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
         now = int(time.time() * 1000)
@@ -114,8 +116,9 @@ class ClockStreamReader(SimpleDataSourceStreamReader):
 
 class ClockDataSource(DataSource):
     """``spark.readStream.format("sts_clock")``: options ``hintPath`` (required),
-    ``buckets`` (rows per tick) and ``minGapMs`` (the least time between two ticks,
-    default 250)."""
+    ``bucketIds`` (the ledger's bucket keys, comma-separated: one row per key and
+    tick) or ``buckets`` (keys 0 to n-1), and ``minGapMs`` (the least time between two
+    ticks, default 250)."""
 
     @classmethod
     def name(cls) -> str:

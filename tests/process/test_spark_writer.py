@@ -313,16 +313,29 @@ def test_the_table_safety_net_answers_what_a_killed_sidecar_never_sent(
     assert pipeline.counts.no_result_fallbacks == 3
 
 
-@pytest.mark.parametrize("topic", [False, True], ids=["no-topic", "answers-topic"])
-@pytest.mark.parametrize("writer", ["deltalake", "spark"])
+@pytest.mark.parametrize(("writer", "topic", "legacy"), [
+    ("deltalake", False, True), ("deltalake", True, False), ("spark", False, False),
+    ("spark", True, False)],
+    ids=["deltalake-no-topic-eight-buckets", "deltalake-answers-topic", "spark-no-topic",
+         "spark-answers-topic"])
 def test_a_restarted_pipeline_answers_the_requests_whose_result_was_lost(
-        spark, tmp_path: Path, request, writer: str, topic: bool) -> None:
+        spark, tmp_path: Path, request, monkeypatch, writer: str, topic: bool,
+        legacy: bool) -> None:
     """Requests accepted, the pipeline stopped, the sidecar killed (their results never
     come), the pipeline started again from its checkpoints: the ledger's state in the
     answers query's checkpoint still watches them, and each gets its one fallback
     (``no_result``) after deadline + grace, also with nothing else arriving (the clock
     ticks). Before: with ``deltalake`` and no answers topic the restarted pipeline forgot
-    them (never answered); with ``spark`` and an answers topic it did not start."""
+    them (never answered); with ``spark`` and an answers topic it did not start.
+
+    The checkpoint keeps the ledger's buckets (one per task slot); ``legacy``: a
+    checkpoint begun before it kept them, with the eight buckets 0-7 of that time,
+    restarts with those (with today's two, the requests in the other six would never
+    be answered)."""
+    from spark_ext.l4 import buckets
+
+    if legacy:
+        monkeypatch.setattr(buckets, "bucket_keys", lambda partitions: buckets.LEGACY_KEYS)
     sections = {}
     if topic:
         from tests.process.test_kafka import _records
@@ -339,21 +352,28 @@ def test_a_restarted_pipeline_answers_the_requests_whose_result_was_lost(
         first = StsPipeline(spark, config)
         first.start()
         try:
-            events = _write_events(tmp_path, "lost", 3)
-            wait_until(lambda: sidecar.client.stats().accepted >= 3, timeout_s=60,
+            events = _write_events(tmp_path, "lost", 6 if legacy else 3)
+            wait_until(lambda: sidecar.client.stats().accepted >= len(events), timeout_s=60,
                        what="the requests accepted")
             # their submit batch committed (not re-run after the restart) and their acks
             # in the ledger: the restart finds them watched
             wait_until(lambda: sum(p["numInputRows"] for p in first.queries[0].recentProgress)
-                       >= 3 and first.open_requests >= 3, timeout_s=60,
+                       >= len(events) and first.open_requests >= len(events), timeout_s=60,
                        what="the acks in the ledger")
         finally:
             first.stop()
         sidecar.proc.send_signal(signal.SIGKILL)
         sidecar.proc.wait()
+    keys_file = tmp_path / "ckpt" / "answers" / buckets.KEYS_FILE
+    if legacy:
+        keys_file.unlink()  # as a checkpoint of an earlier version has it
+        monkeypatch.undo()
+    else:
+        assert keys_file.read_text().strip() == "2,0"  # local[2]: one bucket per task slot
     again = StsPipeline(spark, config)
     again.start()
     try:
+        assert keys_file.is_file() is not legacy  # a restart keeps what the checkpoint has
         answers = _until(again, events, timeout_s=120)
         again.process_all_available()
         answers = _answers(again)
