@@ -86,9 +86,7 @@ class ClockStreamReader(SimpleDataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         options = {k.lower(): v for k, v in options.items()}
         self.hint_path = options["hintpath"]
-        ids = options.get("bucketids")
-        self.buckets = ([int(b) for b in ids.split(",")] if ids
-                        else list(range(int(options.get("buckets", "1")))))
+        self.buckets = [int(b) for b in options.get("bucketids", "0").split(",")]
         self.min_gap_ms = int(options.get("mingapms", "250"))
         self._ticked = False
         self._last = 0
@@ -117,8 +115,8 @@ class ClockStreamReader(SimpleDataSourceStreamReader):
 class ClockDataSource(DataSource):
     """``spark.readStream.format("sts_clock")``: options ``hintPath`` (required),
     ``bucketIds`` (the ledger's bucket keys, comma-separated: one row per key and
-    tick) or ``buckets`` (keys 0 to n-1), and ``minGapMs`` (the least time between two
-    ticks, default 250)."""
+    tick; default ``0``) and ``minGapMs`` (the least time between two ticks, default
+    250)."""
 
     @classmethod
     def name(cls) -> str:
