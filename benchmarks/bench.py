@@ -28,6 +28,7 @@ from benchmarks.profiles import TrafficProfile, load_profile
 from benchmarks.schemes import RTM_REQUESTS_TOPIC, KafkaPath, RunContext, run_scheme
 from sidecar import ConfigError, write_text_atomically
 from sts_harness.hops import format_hops
+from sts_harness.log_file import log_to_file
 
 #: Knee: the first rate where P99 exceeds this multiple of the baseline rate's P99,
 #: or where the share of requests answered falls below ``KNEE_THROUGHPUT`` times the
@@ -207,9 +208,11 @@ def run_bench(opts: BenchOptions) -> dict:
 
         prepare_default_model()
     spark = None
+    log = out / "bench.log"
     print(f"sts bench: profile {profile.name}, engine {opts.engine}, rates {rates}, "
-          f"schemes {schemes}, {opts.duration_s:.0f} s each", flush=True)
+          f"schemes {schemes}, {opts.duration_s:.0f} s each; log {log}", flush=True)
     with contextlib.ExitStack() as stack:
+        log_to_file(stack, log)  # the pipeline's INFO lines there, not between the rows
         token_file = write_token_file(work / "sidecar-token")  # as a deployment would run
         sidecar = stack.enter_context(SidecarProcess(
             work / "results",

@@ -170,7 +170,8 @@ _MARKER = ".sts-load-step"
 
 def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
     """One run in this process: the cluster, the pipeline, the replay, the figures."""
-    from benchmarks.schemes import WARM_UP_PREFIX, warm_up_scheme
+    from benchmarks.schemes import warm_up_scheme
+    from sts_harness.warm_up import is_warm_up
     from spark_ext.pipeline import sts_pipeline
     from spark_ext.pipeline.scaling import ScaleDecision, SparkExecutors
     from spark_ext.submit.sidecar_launcher import stop_sidecars
@@ -232,7 +233,7 @@ def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
             pipeline.check()
             time.sleep(0.5)
         rows = [r for r in pipeline.store.read("answers", ANSWER_COLUMNS).to_pylist()
-                if not r["event_id"].startswith(WARM_UP_PREFIX)]
+                if not is_warm_up(r)]
         return summarize(name, schedule, replayer.start_ms, replayer.offered, rows,
                          serving_since(work / "run"), samples, scale_log.actions) \
             | {"spark_conf": spark_conf(args.spark_conf)}

@@ -19,7 +19,6 @@ durations, engine output tokens/s.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import shutil
 import statistics
@@ -28,26 +27,23 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from benchmarks.cli_args import KAFKA_SCHEMES, SCHEMES
 from benchmarks.generate import GeneratedRequest, events_for_spark
 from benchmarks.kafka_topics import create_topics, landing_times, merge_hops, topic_hops
 from benchmarks.loadgen import send_on_schedule
 from benchmarks.profiles import TrafficProfile
-from sidecar import percentiles, security_fields, write_text_atomically
+from sidecar import percentiles, security_fields
 from sidecar.client import SidecarClient
 from sidecar.contract import PRIORITY_NAMES, now_ms
 from sts_harness.hops import hop_latencies
 from sts_harness.readable import add_readable_times, readable_by_deadline
 from sts_harness.replay import EVENT_SCHEMA, EventReplayer, KafkaTopicSink
 from sts_harness.result_check import read_results, results_by_id
-
-if TYPE_CHECKING:
-    from spark_ext.pipeline.sts_pipeline import StsPipeline
+from sts_harness.warm_up import (is_warm_up, send_warm_up, wait_answered, wait_first_writes,
+                                  warm_up_events)
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -140,50 +136,18 @@ def _phase_medians(progress: list[dict]) -> dict[str, float]:
 
 #: Events run through a Spark scheme before its measured replay, so that its start-up
 #: (query planning, the first Python workers: ~7 s for the first micro-batch on 2 cores)
-#: is not billed to the first events of the run.
+#: is not billed to the first events of the run (:mod:`sts_harness.warm_up`).
 WARM_UP_EVENTS = 6
-WARM_UP_PREFIX = "warmup-"
 
 
 def warm_up_scheme(target: Path | Callable[[list[dict]], None], answered: Callable[[], int],
-             timeout_s: float = 120.0) -> None:
+                   timeout_s: float = 120.0) -> None:
     """Write :data:`WARM_UP_EVENTS` events (into a landing folder, or through a
     function, e.g. onto a topic) and wait until the scheme answered them."""
-    now = now_ms()
-    events = [{"event_id": f"{WARM_UP_PREFIX}{now}-{i}", "text": "Hello, is my order late?",
-               "priority": "low", "event_ts": now, "max_tokens": 1}
-              for i in range(WARM_UP_EVENTS)]
-    if callable(target):
-        target(events)
-    else:
-        write_text_atomically(target / "warmup.json",
-                              "".join(json.dumps(e) + "\n" for e in events))
-    deadline = time.monotonic() + timeout_s
-    while answered() < WARM_UP_EVENTS:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"warm-up events not answered after {timeout_s:.0f} s")
-        time.sleep(0.2)
-
-
-#: Tables the pipeline writes on a schedule of its own (``output.records_interval_s``),
-#: the warm-up events' records among the first.
-RECORD_TABLES_WARMED = ("requests", "results")
-
-
-def wait_first_writes(pipeline: StsPipeline, names: tuple[str, ...] = RECORD_TABLES_WARMED,
-                      timeout_s: float = 60.0) -> None:
-    """Wait until ``pipeline`` has written each of ``names`` once: the first append to a
-    table in a driver runs Delta's auto compaction over its partition once (Spark jobs:
-    about 1 s on an idle machine, 2-3 s under load; RESULTS.md section 33), a cost of the
-    pipeline's start, not of the rate a run measures. The warm-up events' records reach
-    the tables within one records interval."""
-    deadline = time.monotonic() + timeout_s
-    while missing := [n for n in names if not pipeline.tables.exists(pipeline.spark, n)]:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"warm-up: the pipeline did not write {missing} in "
-                               f"{timeout_s:g} s")
-        pipeline.check()
-        time.sleep(0.5)
+    events = warm_up_events([{"text": "Hello, is my order late?", "priority": "low",
+                              "max_tokens": 1}] * WARM_UP_EVENTS, now_ms())
+    send_warm_up(target, events)
+    wait_answered(answered, WARM_UP_EVENTS, timeout_s=timeout_s)
 
 
 def _replayer(sink: Path | KafkaTopicSink, requests: list[GeneratedRequest]) -> EventReplayer:
@@ -393,7 +357,7 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
             "request_id", "event_id", "priority", "answer_source", "latency_ms",
             "deadline_met", "enqueue_ts", "submit_ts", "received_ts", "finish_ts",
             "answered_ts", "deadline_ts"]).to_pylist()
-        return [r for r in rows if not r["event_id"].startswith(WARM_UP_PREFIX)]
+        return [r for r in rows if not is_warm_up(r)]
 
     try:
         end = time.monotonic() + ctx.duration_s

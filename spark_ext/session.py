@@ -108,6 +108,21 @@ def quiet_connect_client() -> None:
         client.addFilter(_ClosedSessionReleaseNoise())
 
 
+@contextlib.contextmanager
+def connect_errors_expected() -> Iterator[None]:
+    """Around a probe whose failure is an answer (a table not there yet): the Spark
+    Connect client logs every failed call at ERROR with its traceback before it raises;
+    that record is kept off the log while the block runs (a classic session has nothing
+    to keep off)."""
+    client = logging.getLogger("pyspark.sql.connect.logging")
+    level = client.level
+    client.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        client.setLevel(level)
+
+
 class _ClosedSessionReleaseNoise(logging.Filter):
     """Drop ``ReleaseExecute failed`` records whose session was already closed."""
 

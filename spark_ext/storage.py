@@ -27,22 +27,18 @@ def exists(spark: SparkSession, uri: str) -> bool:
     one, or Hadoop's in a classic session) where it can be, since Spark's reader logs a
     WARN with a Java stack trace for a missing path; on Spark Connect through a read,
     the client's ERROR log of the expected failure kept off the log."""
-    import logging
+    from spark_ext.session import connect_errors_expected
 
     if is_local_uri(uri):
         return local_path(uri).exists()
     if (found := _hadoop_path(spark, uri)) is not None:
         fs, path = found
         return bool(fs.exists(path))
-    connect_log = logging.getLogger("pyspark.sql.connect.logging")
-    level = connect_log.level
-    connect_log.setLevel(logging.CRITICAL)
     try:
-        spark.read.format("binaryFile").load(uri).select("path").limit(1).collect()
+        with connect_errors_expected():
+            spark.read.format("binaryFile").load(uri).select("path").limit(1).collect()
     except Exception:  # noqa: BLE001 - Spark raises PATH_NOT_FOUND for a missing path
         return False
-    finally:
-        connect_log.setLevel(level)
     return True
 
 

@@ -61,6 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="output.writer: deltalake (delta-rs on the driver), spark (Delta "
                            "on Spark, what Databricks and Spark Connect run) or auto "
                            "(default: spark with SPARK_REMOTE set, else deltalake)")
+    demo.add_argument("--warm-up", type=int, default=None, metavar="N",
+                      help="tickets sent through the whole pipeline, and answered, before "
+                           "the replay, so its first events do not pay for the cold start; "
+                           "their rows (event ids warmup-...) count in no figure; 0: none "
+                           "(default: 6)")
     demo.set_defaults(func=_run_demo)
 
     validate = sub.add_parser("validate", help="rollout offline: L1-L4 over past events, "
@@ -354,7 +359,8 @@ def _run_demo(args: argparse.Namespace) -> int:
                            overwrite=args.overwrite, l1l2=args.l1l2,
                            rollout=args.rollout, canary_share=args.canary_share,
                            source=args.source, bootstrap_servers=args.bootstrap_servers,
-                           writer=args.writer, owns_process=True)
+                           writer=args.writer, owns_process=True,
+                           **({} if args.warm_up is None else {"warm_up": args.warm_up}))
     except ValueError as e:
         return _fail(e, "demo", 2)
     from sts_harness.demo import DemoFailedError

@@ -29,8 +29,11 @@ from sidecar.contract import PRIORITY_NAMES
 from spark_ext.kinds import CHANNEL_SIDES
 from sts_harness.demo_sizing import DEFAULT_FACTOR, DemoSizing, LivePace, sizing_from_stats
 from sts_harness.hops import format_hops, hop_latencies
+from sts_harness.log_file import log_to_file
 from sts_harness.readable import add_readable_times, readable_by_deadline
 from sts_harness.replay import EventReplayer, FolderSink, KafkaTopicSink
+from sts_harness.warm_up import (RECORD_TABLES_WARMED, is_warm_up, send_warm_up, wait_answered,
+                                  wait_first_writes, warm_up_events)
 
 
 T = TypeVar("T")
@@ -63,6 +66,8 @@ def default_out(source: str) -> str:
 UNSIZED_RATE = 3.0
 #: The demo's events topic (``--source kafka``).
 DEMO_TOPIC = "sts-demo-events"
+#: Tickets the demo sends through the whole pipeline, and waits for, before its replay.
+DEMO_WARM_UP_EVENTS = 6
 
 
 @dataclass
@@ -129,6 +134,12 @@ class DemoOptions:
             return self.writer
         return "spark" if os.environ.get("SPARK_REMOTE") else "deltalake"
 
+    warm_up: int = DEMO_WARM_UP_EVENTS
+    """Tickets sent through the whole pipeline before the replay, each answered before it
+    begins (:mod:`sts_harness.warm_up`: the first events would pay for the pipeline's cold
+    start); their rows are in the tables (event ids ``warmup-...``) and in no figure.
+    0: none."""
+
     on_start: Callable[[object], None] | None = None
     """Called with the pipeline once it started (the soak samples it)."""
 
@@ -152,6 +163,8 @@ class DemoOptions:
             raise ValueError(f"{self.duration=} must be > 0 seconds")
         if self.max_tokens < 1:
             raise ValueError(f"{self.max_tokens=} must be >= 1")
+        if self.warm_up < 0:
+            raise ValueError(f"{self.warm_up=} must be >= 0")
         from spark_ext.config import RolloutConfig
 
         RolloutConfig(mode=self.rollout, canary_share=self.canary_share)  # checks both
@@ -353,6 +366,13 @@ _TRACES = logging.getLogger("sts_harness.demo.traces")
 _TRACES.propagate = False
 
 
+def log_demo_to_file(stack: contextlib.ExitStack, log: Path) -> None:
+    """Python's log (INFO and up) and the tracebacks of failed steps into ``log`` until
+    ``stack`` closes; the console keeps warnings and the demo's own lines
+    (:func:`sts_harness.log_file.log_to_file`)."""
+    log_to_file(stack, log, _TRACES)
+
+
 @contextlib.contextmanager
 def demo_step(what: str, log: Path, *, expect: str = "", every_s: float = 15.0):
     """One start-up step of the demo: a line when it begins (with what to expect), a line
@@ -392,33 +412,6 @@ def demo_step(what: str, log: Path, *, expect: str = "", every_s: float = 15.0):
     print(f"{what}: done in {time.monotonic() - started:.0f} s", flush=True)
 
 
-def _log_to_file(stack: contextlib.ExitStack, log: Path) -> None:
-    """Python's log (INFO and tracebacks) into ``log``; the console keeps warnings and the
-    demo's own progress lines."""
-    root = logging.getLogger()
-    handler = logging.FileHandler(log, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.setLevel(logging.INFO)
-    quieted = [(h, h.level) for h in root.handlers if isinstance(h, logging.StreamHandler)
-               and not isinstance(h, logging.FileHandler)]
-    for h, _ in quieted:
-        h.setLevel(max(h.level, logging.WARNING))
-    previous = root.level
-    root.setLevel(min(previous, logging.INFO) if previous else logging.INFO)
-    root.addHandler(handler)
-    _TRACES.addHandler(handler)
-
-    def restore() -> None:
-        root.removeHandler(handler)
-        _TRACES.removeHandler(handler)
-        handler.close()
-        root.setLevel(previous)
-        for h, level in quieted:
-            h.setLevel(level)
-
-    stack.callback(restore)
-
-
 def run_demo(opts: DemoOptions) -> dict:
     """Run the demo and return its summary (also written to ``out/summary.json``).
 
@@ -433,7 +426,7 @@ def run_demo(opts: DemoOptions) -> dict:
     prepare_out(out, overwrite=opts.overwrite)
     stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar, broker
     log = out / "demo.log"
-    _log_to_file(stack, log)
+    log_demo_to_file(stack, log)
     rate = (f"{opts.rate:g} events/s" if opts.rate is not None
             else f"{opts.overload:g}x the engine's measured capacity" if opts.engine == "vllm"
             else f"{UNSIZED_RATE:g} events/s")
@@ -491,6 +484,12 @@ def run_demo(opts: DemoOptions) -> dict:
             pipeline.start()
         if opts.on_start is not None:
             opts.on_start(pipeline)
+        if opts.warm_up:
+            with demo_step("Warming up the pipeline", log,
+                           expect=f"{opts.warm_up} tickets through every step, answered "
+                                  "before the replay"):
+                warm_up_pipeline(pipeline, sink, warm_up_samples(load_samples(), opts.warm_up),
+                                 timeout_s=max(opts.sla_ms[:2]) / 1000 + 60)
         start, replay_began_s = time.monotonic(), time.time()
         replayer.start()
         failure = _run_until_answered(opts, out, sidecar, pipeline, replayer, start)
@@ -667,6 +666,59 @@ def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path, *,
     })
 
 
+def warm_up_samples(samples: list[dict], n: int) -> list[dict]:
+    """The warm-up's tickets: the last ``n`` shipped ones of ``high`` or ``normal``
+    priority (deadlines of seconds; a default run's replay does not reach the end of the
+    list), without their ticket id.
+
+    Example:
+        >>> tickets = [{"ticket_id": f"T{i}", "text": str(i), "priority": p}
+        ...            for i, p in enumerate(["high", "low", "normal", "low"])]
+        >>> warm_up_samples(tickets, 2)
+        [{'text': '2', 'priority': 'normal'}, {'text': '0', 'priority': 'high'}]
+    """
+    picked = [s for s in reversed(samples) if s["priority"] in ("high", "normal")][:n]
+    return [{k: v for k, v in s.items() if k != "ticket_id"} for s in picked]
+
+
+def _answered(pipeline, *, remote: bool) -> tuple[int, collections.Counter]:
+    """Answers written so far, and by source (on Spark Connect, where the counters live
+    in the server, read from the table)."""
+    if remote:
+        rows = pipeline.store.read("answers", ["answer_source"])
+        sources = rows.column("answer_source").to_pylist() if rows.num_rows else []
+        return len(sources), collections.Counter(sources)
+    return pipeline.store.stats.answers_written, collections.Counter(pipeline.store.stats.by_source)
+
+
+def warm_up_pipeline(pipeline, sink: Callable[[int, int, list[dict]], None],
+                     samples: list[dict], *, timeout_s: float) -> None:
+    """Send ``samples`` through ``sink`` as warm-up events (:mod:`sts_harness.warm_up`)
+    and wait until the pipeline answered each; with Delta on Spark also until the record
+    tables had their first append (the one that compacts). L1/L2's counts of them are
+    then forgotten, so the summary counts the replay alone.
+
+    Raises:
+        TimeoutError: not answered (or written) within ``timeout_s``.
+    """
+    from pyspark.sql.utils import is_remote
+
+    from sidecar.contract import now_ms
+
+    remote = is_remote()
+    before, _ = _answered(pipeline, remote=remote)
+    events = warm_up_events(samples, now_ms())
+    send_warm_up(lambda batch: sink(batch[0]["event_ts"], 0, batch), events)
+    wait_answered(lambda: _answered(pipeline, remote=remote)[0] - before, len(events),
+                  timeout_s=timeout_s, check=pipeline.check)
+    if pipeline.tables.writes_with_spark:
+        rows = pipeline.store.read("answers", ["event_id", "answer_source"]).to_pylist()
+        model = any(r["answer_source"] == "llm" for r in rows if is_warm_up(r))
+        wait_first_writes(pipeline, RECORD_TABLES_WARMED if model else ("requests",),
+                          timeout_s=timeout_s)
+    pipeline.fast_path_stats.clear()
+
+
 def _run_until_answered(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
                         start: float) -> str | None:
     """Replay the events, then wait until every event is answered (at most its deadline
@@ -681,20 +733,15 @@ def _run_until_answered(opts: DemoOptions, out: Path, sidecar, pipeline, replaye
     client = sidecar.client
     assert client is not None
     remote = is_remote()
+    warm, warm_sources = _answered(pipeline, remote=remote)  # the warm-up's, not counted
 
     def progress(phase: str) -> int:
         pipeline.check()
         if sidecar.proc is not None and sidecar.proc.poll() is not None:
             raise DemoFailedError(f"the sidecar exited with code {sidecar.proc.returncode}; "
                                   f"log: {out / 'sidecar.log'}")
-        if remote:  # the counters live in the Connect server: ask the table
-            answers = pipeline.store.read("answers", ["answer_source"])
-            sources = answers.column("answer_source").to_pylist() if answers.num_rows else []
-            counts = dict(collections.Counter(sources))
-            answered = len(sources)
-        else:
-            counts = dict(pipeline.store.stats.by_source)
-            answered = pipeline.store.stats.answers_written
+        answered, sources = _answered(pipeline, remote=remote)
+        answered, counts = answered - warm, dict(sources - warm_sources)
         st = client.stats()
         busy = sum(p.queued + p.in_flight for p in st.pools)
         print(f"[{time.monotonic() - start:5.1f}s] {phase}: events {replayer.offered}, "
@@ -778,15 +825,16 @@ def _demo_summary(opts: DemoOptions, out: Path, sidecar, pipeline, replayer,
         stats = MessageToDict(sidecar.client.stats(), preserving_proto_field_name=False)
     except Exception:  # the sidecar is gone
         stats = {}
-    answers = pipeline.store.read("answers", summary_columns(pipeline)).to_pylist()
+    answers = [a for a in pipeline.store.read("answers", summary_columns(pipeline)).to_pylist()
+               if not is_warm_up(a)]
     add_readable_times(answers, pipeline.config.output.table("answers"))
     fast_path = pipeline.fast_path_stats.summary() if opts.l1l2 else None
     if fast_path is not None and not fast_path["events"] and answers:  # counted elsewhere
         fast_path = fast_path_from_answers(answers)
     summary = summarize(answers, events=replayer.offered, wall_s=wall_s, stats=stats,
                         fast_path=fast_path)
-    summary["rollout"] = rollout_shares(answers, pipeline.store.read("shadow_answers")
-                                        .to_pylist(), mode=opts.rollout,
+    shadow = [a for a in pipeline.store.read("shadow_answers").to_pylist() if not is_warm_up(a)]
+    summary["rollout"] = rollout_shares(answers, shadow, mode=opts.rollout,
                                         canary_share=opts.canary_share)
     summary["batch_ms"] = batch_durations(pipeline.queries, since_s=replay_began_s)
     summary["source"] = opts.source

@@ -256,6 +256,12 @@ class FastPathStats:
             self.top_score_sum += sum(x for x in table.column("kb_top_score").to_pylist()
                                       if x is not None)
 
+    def clear(self) -> None:
+        """Forget what was counted (a demo's warm-up events, say)."""
+        self.events = self.retrieved = self.with_hit = 0
+        self.top_score_sum = 0.0
+        self.routes.clear()
+
     def summary(self) -> dict[str, Any]:
         """Counts and shares: ``hit_share`` (events with a hit), ``kb_share`` (answered
         from an FAQ article), ``mean_top_score`` (best similarity); ``None`` without

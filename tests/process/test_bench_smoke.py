@@ -72,6 +72,9 @@ def test_bench_smoke_all_schemes_on_the_simulated_engine(tmp_path: Path, spark) 
     assert steps["ledger"]["n"] == steps["total"]["n"] > 0
     assert 0 < steps["answers"]["n"] <= steps["total"]["n"]
     assert steps["total"]["p50"] >= steps["ledger"]["p50"] > 0
+    # The pipeline's INFO lines go to the run's log, not between the table's rows.
+    assert "INFO spark_ext.pipeline.sts_pipeline: Submit plan warmed up" in \
+        (out / "bench.log").read_text()
     assert spark.sparkContext._jsc is not None, "the bench stopped the caller's session"
 
 

@@ -1,11 +1,11 @@
 """The bench's warm-up waits for the pipeline's first writes of its record tables
-(:func:`benchmarks.schemes.wait_first_writes`)."""
+(:func:`sts_harness.warm_up.wait_first_writes`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.schemes import wait_first_writes
+from sts_harness.warm_up import wait_first_writes
 
 
 class _Pipeline:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spark_ext.exceptions import PipelineConfigError
-from sts_harness.demo import DemoFailedError, _log_to_file, demo_step
+from sts_harness.demo import DemoFailedError, demo_step, log_demo_to_file
 from sts_harness.kafka_broker import KafkaBrokerError
 
 
@@ -29,7 +29,7 @@ def test_a_failed_step_is_one_line_with_the_log(step: str, error: Exception, exp
                                                 tmp_path: Path, capsys) -> None:
     log = tmp_path / "demo.log"
     with contextlib.ExitStack() as stack:
-        _log_to_file(stack, log)
+        log_demo_to_file(stack, log)
         with pytest.raises(DemoFailedError) as caught:
             with demo_step(step, log):
                 raise error

@@ -154,8 +154,11 @@ class SparkWriter(TableWriter):
     # ------------------------------------------------------------------ tables
 
     def exists(self, spark: SparkSession, name: str) -> bool:
+        from spark_ext.session import connect_errors_expected
+
         try:
-            spark.sql(f"DESCRIBE DETAIL {self.ref(name)}").collect()
+            with connect_errors_expected():  # on Connect, "no table" is logged as an error
+                spark.sql(f"DESCRIBE DETAIL {self.ref(name)}").collect()
         except Exception:  # noqa: BLE001 - no table there (yet)
             return False
         return True
@@ -270,9 +273,12 @@ class SparkWriter(TableWriter):
         table). A replayed batch is the last one its query ran, so its commit, if any,
         is among the latest; reading the whole history instead would cost every new
         run (whose app id no commit has) a read of every commit file the table keeps."""
+        from spark_ext.session import connect_errors_expected
+
         try:
-            rows = spark.sql(f"DESCRIBE HISTORY {self.ref(name)} LIMIT {int(history)}") \
-                .select("userMetadata").collect()
+            with connect_errors_expected():
+                rows = spark.sql(f"DESCRIBE HISTORY {self.ref(name)} LIMIT {int(history)}") \
+                    .select("userMetadata").collect()
         except Exception:  # noqa: BLE001 - no table there yet
             return -1
         found = last_marked([r[0] for r in rows], app_id)
