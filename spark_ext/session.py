@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 
@@ -112,15 +113,26 @@ def quiet_connect_client() -> None:
 def connect_errors_expected() -> Iterator[None]:
     """Around a probe whose failure is an answer (a table not there yet): the Spark
     Connect client logs every failed call at ERROR with its traceback before it raises;
-    that record is kept off the log while the block runs (a classic session has nothing
-    to keep off)."""
+    this thread's records of it are kept off the log while the block runs (other
+    threads' are not; a classic session has nothing to keep off)."""
     client = logging.getLogger("pyspark.sql.connect.logging")
-    level = client.level
-    client.setLevel(logging.CRITICAL)
+    dropped = _ThreadRecords(threading.get_ident())
+    client.addFilter(dropped)
     try:
         yield
     finally:
-        client.setLevel(level)
+        client.removeFilter(dropped)
+
+
+class _ThreadRecords(logging.Filter):
+    """Drop the records logged by one thread."""
+
+    def __init__(self, thread: int) -> None:
+        super().__init__()
+        self.thread = thread
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
 
 
 class _ClosedSessionReleaseNoise(logging.Filter):
