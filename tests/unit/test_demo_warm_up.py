@@ -15,12 +15,14 @@ from sts_harness.warm_up import is_warm_up
 
 
 class _Pipeline:
-    """A pipeline that answers the events a sink hands it, each by the model or from the
-    knowledge base (the caller's behaviour is what is tested: what it sends, what it
-    waits for). Its record tables appear at the first ``check()`` after the answers."""
+    """A pipeline that answers the events a sink hands it one per ``check()``, each by the
+    model or from the knowledge base (the caller's behaviour is what is tested: what it
+    sends, what it waits for). Its record tables appear at the ``check()`` after their
+    first rows."""
 
     def __init__(self, *, writes_with_spark: bool, answers_them: bool = True) -> None:
         self.answers_them = answers_them
+        self.pending: list[dict] = []
         self.rows: list[dict] = []
         self.written: set[str] = set()
         self.spark = None
@@ -33,13 +35,7 @@ class _Pipeline:
         self.waited_for: list[str] = []
 
     def sink(self, start_ms: int, part: int, events: list[dict]) -> None:
-        if not self.answers_them:
-            return
-        for e in events:
-            source = "kb" if "password" in e["text"].lower() else "llm"
-            self.rows.append({"event_id": e["event_id"], "answer_source": source})
-            self.store.stats.answers_written += 1
-            self.store.stats.by_source[source] += 1
+        self.pending += events
 
     def _read(self, name: str, columns: list[str]) -> pa.Table:
         return pa.Table.from_pylist([{c: r[c] for c in columns} for r in self.rows])
@@ -48,6 +44,12 @@ class _Pipeline:
         if self.rows:
             self.written |= {"requests"} | (
                 {"results"} if any(r["answer_source"] == "llm" for r in self.rows) else set())
+        if self.pending and self.answers_them:
+            e = self.pending.pop(0)
+            source = "kb" if "password" in e["text"].lower() else "llm"
+            self.rows.append({"event_id": e["event_id"], "answer_source": source})
+            self.store.stats.answers_written += 1
+            self.store.stats.by_source[source] += 1
 
 
 def test_the_warm_up_tickets_are_the_last_high_and_normal_ones_and_none_is_replayed() -> None:
