@@ -11,7 +11,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
 from py4j.java_gateway import JavaGateway
 from pyspark import SparkConf, SparkContext
@@ -42,6 +43,44 @@ def is_connect(spark: SparkSession) -> bool:
 #: so the cache gets the size tiered compilation has.
 LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
+#: The JVM's log profile of a local session: Spark's defaults less the startup notes
+#: nobody acts on (:func:`log_profile_option`).
+LOG_PROFILE = Path(__file__).with_name("log4j2.properties")
+
+#: What names a log4j2 profile of the user's own on a JVM's command line.
+_USER_PROFILE_OPTIONS = ("log4j2.configurationFile", "log4j.configurationFile")
+
+
+def log_profile_option(java_options: str, env: Mapping[str, str] | None = None) -> str:
+    """The JVM option that gives a local session :data:`LOG_PROFILE`, or ``""`` where
+    the user has a profile of their own: named in ``java_options``,
+    ``$SPARK_SUBMIT_OPTS`` or ``$JAVA_TOOL_OPTIONS``, or a ``log4j2.*`` file in Spark's
+    conf folder (``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``), which Spark puts on
+    the JVM's class path.
+
+    Without a profile Spark prints its default one's notes at every start ("Using
+    Spark's default log4j profile", how to change the level) and Hadoop a WARN that it
+    runs without its native library.
+
+        >>> log_profile_option("-Dlog4j2.configurationFile=/etc/mine.xml", {})
+        ''
+        >>> log_profile_option("", {}).startswith("-Dlog4j2.configurationFile=file:")
+        True
+    """
+    env = os.environ if env is None else env
+    given = " ".join((java_options, env.get("SPARK_SUBMIT_OPTS", ""),
+                      env.get("JAVA_TOOL_OPTIONS", "")))
+    if any(name in given for name in _USER_PROFILE_OPTIONS):
+        return ""
+    from pyspark.find_spark_home import _find_spark_home
+
+    conf_dir = env.get("SPARK_CONF_DIR") or os.path.join(
+        env.get("SPARK_HOME") or _find_spark_home(), "conf")
+    if any(Path(conf_dir).glob("log4j2.*")):
+        return ""
+    return f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()}"
+
+
 
 def local_session(app_name: str, *, cores: int = 2,
                   java_options: str = LOCAL_JAVA_OPTIONS,
@@ -49,10 +88,11 @@ def local_session(app_name: str, *, cores: int = 2,
     """A ``local[cores]`` session for the STS queries: few shuffle partitions, no UI,
     Python workers on this interpreter (unless ``PYSPARK_PYTHON`` says otherwise),
     ``java_options`` for the JVM (``spark.driver.extraJavaOptions``; default
-    :data:`LOCAL_JAVA_OPTIONS`, ``""`` for the JVM's own defaults) and the JVM packages
-    of ``jvm_features`` (default: Spark's Kafka connector, Delta and ``file:`` without a
-    process per file; :mod:`spark_ext.jvm_packages`; ``$STS_SPARK_PACKAGES`` overrides
-    the coordinates).
+    :data:`LOCAL_JAVA_OPTIONS`, ``""`` for the JVM's own defaults; with
+    :data:`LOG_PROFILE` unless the user has a log profile, :func:`log_profile_option`)
+    and the JVM packages of ``jvm_features`` (default: Spark's Kafka connector, Delta and
+    ``file:`` without a process per file; :mod:`spark_ext.jvm_packages`;
+    ``$STS_SPARK_PACKAGES`` overrides the coordinates).
 
     With ``$SPARK_REMOTE`` set (``sc://host:port``: a Spark Connect server, as
     Databricks Connect and serverless notebooks use), the session is a Spark Connect
@@ -69,7 +109,8 @@ def local_session(app_name: str, *, cores: int = 2,
                **session_conf(jvm_features),
                "spark.sql.shuffle.partitions": str(cores),
                "spark.ui.enabled": "false",
-               "spark.driver.extraJavaOptions": java_options,
+               "spark.driver.extraJavaOptions":
+                   " ".join(filter(None, (java_options, log_profile_option(java_options)))),
                "spark.ui.showConsoleProgress": "false"}
     pin_python_workers()
     try:
@@ -229,15 +270,46 @@ QUIET_JVM_LOGGERS = ("org.apache.spark.sql.execution.streaming.state.StateStoreC
 def quiet_jvm_loggers(spark: SparkSession) -> None:
     """Set :data:`QUIET_JVM_LOGGERS` to ERROR in a classic session's JVM (best effort;
     nothing on Spark Connect, whose server logs on its own)."""
-    jvm = None if is_connect(spark) else getattr(spark.sparkContext, "_jvm", None)
-    if jvm is None:
-        return
+    _set_jvm_levels(spark, dict.fromkeys(QUIET_JVM_LOGGERS, "ERROR"))
+
+
+#: Spark's JVM loggers that report a Real-Time Mode query's stop as a failed write: its
+#: long-running task is interrupted, so the task logs "Aborting task" with Kafka's
+#: ``InterruptException`` and its stack, and the epoch's write "is aborting" and
+#: "aborted". Expected at every stop of such a query, never news.
+REALTIME_STOP_LOGGERS = (
+    "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
+    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
+    "org.apache.spark.util.Utils")
+
+
+@contextlib.contextmanager
+def jvm_loggers_off(spark: SparkSession, names: Iterable[str]) -> Iterator[None]:
+    """Turn the JVM loggers ``names`` off while the block runs, then give them their
+    levels back (best effort; nothing on Spark Connect)."""
+    before = _set_jvm_levels(spark, dict.fromkeys(names, "OFF"))
     try:
-        error = jvm.org.apache.logging.log4j.Level.ERROR
-        for name in QUIET_JVM_LOGGERS:
-            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, error)
-    except Exception:  # noqa: BLE001 - another logging backend: keep its WARN lines
-        logger.debug("Could not quiet the JVM loggers.", exc_info=True)
+        yield
+    finally:
+        _set_jvm_levels(spark, before)
+
+
+def _set_jvm_levels(spark: SparkSession, levels: dict[str, str]) -> dict[str, str]:
+    """Set log4j2 levels (by name) of loggers in a classic session's JVM; the levels they
+    had before, for those it set. Best effort: on Spark Connect or another logging
+    backend nothing is set (and a logger keeps its lines)."""
+    jvm = None if is_connect(spark) else getattr(spark.sparkContext, "_jvm", None)
+    before: dict[str, str] = {}
+    if jvm is None or not levels:
+        return before
+    try:
+        log4j = jvm.org.apache.logging.log4j
+        for name, level in levels.items():
+            before[name] = str(log4j.LogManager.getLogger(name).getLevel().name())
+            log4j.core.config.Configurator.setLevel(name, log4j.Level.getLevel(level))
+    except Exception:  # noqa: BLE001 - another logging backend: keep its lines
+        logger.debug("Could not set the JVM loggers' levels.", exc_info=True)
+    return before
 
 
 def quiet_py4j() -> None:

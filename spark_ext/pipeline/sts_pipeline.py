@@ -72,7 +72,7 @@ from spark_ext.pipeline.executor_warmup import ExecutorWarmup
 from spark_ext.pipeline.scaling import (ScaleController, SparkExecutors, pipeline_scale,
                                         scaling_step)
 from spark_ext.schemas import spark_schema
-from spark_ext.session import is_connect, task_slots
+from spark_ext.session import REALTIME_STOP_LOGGERS, is_connect, jvm_loggers_off, task_slots
 from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE, register_clock_source
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
@@ -806,11 +806,13 @@ class StsPipeline:
         for t in self.tickers:  # a tick under way ends before the queries and Spark do
             if t is not threading.current_thread():
                 t.join(timeout=60)
-        for q in self.queries:
-            try:
-                q.stop()
-            except Exception:  # stopping a failed query may raise again
-                logger.debug("Stopping %s raised.", q.name, exc_info=True)
+        realtime = self.config.output.realtime_submit or self.config.output.realtime_publish
+        with jvm_loggers_off(self.spark, REALTIME_STOP_LOGGERS if realtime else ()):
+            for q in self.queries:
+                try:
+                    q.stop()
+                except Exception:  # stopping a failed query may raise again
+                    logger.debug("Stopping %s raised.", q.name, exc_info=True)
         if (publisher := getattr(self, "_publisher", None)) is not None:
             publisher.close()
         if (tracer := getattr(self.tables, "tracer", None)) is not None:

@@ -41,6 +41,9 @@ def test_the_readme_routes_run_in_sequence_as_printed(tmp_path: Path) -> None:
     assert done.stdout.count("=== sts demo summary ===") == 2, out[-4000:]
     assert "INCOMPLETE" not in done.stdout, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
+    # The local session's log profile: no notes of Spark's default one, no Hadoop WARN.
+    assert "Using Spark's default log4j profile" not in out, out[:4000]
+    assert "NativeCodeLoader" not in out, out[:4000]
     for folder in ("sts-demo-kafka", "sts-demo-connect"):
         assert (tmp_path / folder / "summary.json").is_file(), folder
     # L1/L2's figures on Connect too, where the answers batch counts them in the server.
