@@ -294,19 +294,25 @@ def jvm_loggers_off(spark: SparkSession, names: Iterable[str]) -> Iterator[None]
         _set_jvm_levels(spark, before)
 
 
-def _set_jvm_levels(spark: SparkSession, levels: dict[str, str]) -> dict[str, str]:
-    """Set log4j2 levels (by name) of loggers in a classic session's JVM; the levels they
-    had before, for those it set. Best effort: on Spark Connect or another logging
+def _set_jvm_levels(spark: SparkSession,
+                    levels: dict[str, str | None]) -> dict[str, str | None]:
+    """Set log4j2 levels (by name; ``None``: the logger's parent's again) of loggers in a
+    classic session's JVM; the levels they had before, for those it set (``None``
+    where one had none of its own). Best effort: on Spark Connect or another logging
     backend nothing is set (and a logger keeps its lines)."""
     jvm = None if is_connect(spark) else getattr(spark.sparkContext, "_jvm", None)
-    before: dict[str, str] = {}
+    before: dict[str, str | None] = {}
     if jvm is None or not levels:
         return before
     try:
         log4j = jvm.org.apache.logging.log4j
+        config = log4j.LogManager.getContext(False).getConfiguration()
         for name, level in levels.items():
-            before[name] = str(log4j.LogManager.getLogger(name).getLevel().name())
-            log4j.core.config.Configurator.setLevel(name, log4j.Level.getLevel(level))
+            own = config.getLoggerConfig(name)
+            had = own.getExplicitLevel() if own.getName() == name else None
+            before[name] = None if had is None else str(had.name())
+            log4j.core.config.Configurator.setLevel(
+                name, None if level is None else log4j.Level.getLevel(level))
     except Exception:  # noqa: BLE001 - another logging backend: keep its lines
         logger.debug("Could not set the JVM loggers' levels.", exc_info=True)
     return before
