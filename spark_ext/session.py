@@ -81,7 +81,6 @@ def log_profile_option(java_options: str, env: Mapping[str, str] | None = None) 
     return f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()}"
 
 
-
 def local_session(app_name: str, *, cores: int = 2,
                   java_options: str = LOCAL_JAVA_OPTIONS,
                   jvm_features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> SparkSession:
