@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
 import re
 import subprocess
@@ -29,6 +30,10 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, get_args
+
+from spark_ext import delta_log_store
+
+logger = logging.getLogger(__name__)
 
 #: What a session can be given: Spark's Kafka source and sink, Delta on Spark, the
 #: ``s3a://`` file system (hadoop-aws with the AWS SDK bundle, ~600 MB: only on request)
@@ -84,12 +89,17 @@ def spark_version() -> str:
     return match.group(0)
 
 
-def hadoop_version(jars: Path | None = None) -> str:
-    """The version of the Hadoop client jar that Spark ships (hadoop-aws must match it)."""
+def hadoop_api_jar(jars: Path | None = None) -> Path:
+    """The Hadoop client API jar that Spark ships (in ``jars``, default Spark's ``jars/``)."""
     folder = jars or spark_home() / "jars"
     for jar in sorted(folder.glob("hadoop-client-api-*.jar")):
-        return jar.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+        return jar
     raise FileNotFoundError(f"no hadoop-client-api jar in {folder}")
+
+
+def hadoop_version(jars: Path | None = None) -> str:
+    """The version of the Hadoop client jar that Spark ships (hadoop-aws must match it)."""
+    return hadoop_api_jar(jars).name.removeprefix("hadoop-client-api-").removesuffix(".jar")
 
 
 def packages(features: Iterable[JvmFeature] = DEFAULT_FEATURES, *,
@@ -130,7 +140,9 @@ def session_conf(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> dict[str,
     """The settings that give a new session ``features``: the jars recorded by
     :func:`fetch` as ``spark.jars``, else ``spark.jars.packages`` (``$STS_SPARK_PACKAGES``
     overrides the coordinates); with Delta, its extension and catalog; with ``localfs``
-    (once its jar is recorded), :data:`LOCAL_FS_CONF` and the jar on the class path."""
+    (once its jar is recorded), :data:`LOCAL_FS_CONF` and the jar on the class path; with
+    Delta and the log store built by :func:`build_log_store`, that log store for ``file:``
+    (:mod:`spark_ext.delta_log_store`)."""
     override = os.environ.get(PACKAGES_ENV)
     coords = ([c.strip() for c in override.split(",") if c.strip()] if override is not None
               else packages(features))
@@ -140,6 +152,9 @@ def session_conf(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> dict[str,
     conf = {"spark.jars": ",".join(jars)} if jars else {"spark.jars.packages": ",".join(coords)}
     if any(c.startswith("io.delta:") for c in coords):
         conf.update(DELTA_SESSION_CONF)
+        if store := log_store_jar(jars):
+            conf["spark.jars"] += f",{store.as_uri()}"
+            conf[delta_log_store.CONF_KEY] = delta_log_store.CLASS_NAME
     if local_fs := [j for j in jars if _jar_of(LOCAL_FS_PACKAGE, j)]:
         # On the JVMs' own class path: Hadoop loads ``file:``'s class before Spark has
         # added ``spark.jars`` (so only where the jar is already on disk).
@@ -165,10 +180,46 @@ def _jar_of(coordinate: str, jar: str) -> bool:
     return Path(_file_path(jar)).name == ivy_jar_name(coordinate)
 
 
+def _jars_dir() -> Path:
+    """Where the records of resolved jars and the jars built here go."""
+    root = Path(os.environ.get("STS_CACHE_DIR") or Path.home() / ".cache" / "sts-spark")
+    return root / "jvm-packages"
+
+
 def _record_path(coords: Iterable[str]) -> Path:
     key = hashlib.sha1(",".join(sorted(coords)).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("STS_CACHE_DIR") or Path.home() / ".cache" / "sts-spark")
-    return root / "jvm-packages" / f"{key}.txt"
+    return _jars_dir() / f"{key}.txt"
+
+
+def _log_store_classpath(jars: Iterable[str]) -> list[str] | None:
+    """What the log store compiles against: the resolved ``delta-storage`` jar and Spark's
+    Hadoop client API (``None`` without Delta among ``jars``)."""
+    storage = next((_file_path(j) for j in jars
+                    if Path(_file_path(j)).name.startswith("io.delta_delta-storage-")), None)
+    return [storage, str(hadoop_api_jar())] if storage else None
+
+
+def log_store_jar(jars: Iterable[str]) -> Path | None:
+    """The log store built for the recorded ``jars`` (:func:`build_log_store`), if it is."""
+    classpath = _log_store_classpath(jars)
+    if classpath is None:
+        return None
+    jar = _jars_dir() / delta_log_store.jar_name(classpath)
+    return jar if jar.is_file() else None
+
+
+def build_log_store(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> Path:
+    """Compile Delta's log store for ``file:`` (:mod:`spark_ext.delta_log_store`) against
+    the jars :func:`fetch` recorded for ``features``, unless it is built already.
+
+    Raises:
+        LogStoreBuildError: nothing recorded with Delta, no ``javac``, or it failed.
+    """
+    classpath = _log_store_classpath(recorded_jars(packages(features)))
+    if classpath is None:
+        raise delta_log_store.LogStoreBuildError(
+            "no resolved Delta jars recorded (python -m spark_ext.jvm_packages --fetch)")
+    return delta_log_store.build(classpath, _jars_dir())
 
 
 def recorded_jars(coords: Iterable[str]) -> list[str]:
@@ -196,11 +247,14 @@ _PRINT_JARS = ("from pyspark import SparkConf, SparkContext\n"
 def fetch(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> list[str]:
     """Resolve ``features``' packages now (``spark-submit --packages`` over a script that
     prints what Spark resolved) and record the jar files, so later local sessions start
-    from them without the network. Returns the coordinates.
+    from them without the network; with Delta, build its log store for ``file:``
+    (:func:`build_log_store`; without a JDK's ``javac``, a warning). Returns the
+    coordinates.
 
     Raises:
         RuntimeError: Spark could not resolve them (its last output lines say why).
     """
+    features = list(features)
     coords = packages(features)
     with tempfile.TemporaryDirectory(prefix="sts-jvm-") as tmp:
         script = Path(tmp) / "print_jars.py"
@@ -222,6 +276,12 @@ def fetch(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> list[str]:
     staging = record.with_suffix(f".{os.getpid()}.tmp")
     staging.write_text("\n".join(jars) + "\n", encoding="utf-8")
     staging.replace(record)
+    if "delta" in features:
+        try:
+            build_log_store(features)
+        except delta_log_store.LogStoreBuildError as e:
+            logger.warning("sts: %s; Delta tables on file: then list their whole log at "
+                           "each commit (spark_ext.delta_log_store)", e)
     return coords
 
 
