@@ -26,6 +26,7 @@ python -m benchmarks.overload --engine simulated
 # 6. Answer write cost as the answers table grows (10k, 100k, 1M rows).
 python -m benchmarks.delta_growth --out "$OUT/delta_growth"
 python -m benchmarks.delta_append --out "$OUT/delta_append/delta_append.json"
+python -m benchmarks.delta_log_listing --out "$OUT/delta_log_listing/delta_log_listing.json"
 
 # 7. The rebuilt answer path at seed scale, with per-hop latencies (SIMULATION).
 sts bench --engine simulated --profile seed-200qps --sidecar-config conf/sidecar-seed-sim.yaml \

@@ -15,6 +15,7 @@ anything (no network, no Ivy report on the console). Without the record it falls
     python -m spark_ext.jvm_packages                 # the coordinates, comma-separated
     spark-submit --packages "$(python -m spark_ext.jvm_packages)" spark_ext/pipeline/job.py ...
     python -m spark_ext.jvm_packages --with s3 --fetch   # resolve into Ivy's cache now
+    python -m spark_ext.jvm_packages --log-store          # the jar of Delta's log store for file:
 """
 
 from __future__ import annotations
@@ -294,9 +295,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="these features instead of the defaults (kafka, delta, localfs)")
     parser.add_argument("--fetch", action="store_true",
                         help="resolve them into Spark's package cache now")
+    parser.add_argument("--log-store", action="store_true",
+                        help="print the jar of Delta's log store for file: (built from the "
+                             "fetched jars if it is not yet; spark_ext.delta_log_store)")
     args = parser.parse_args(argv)
     features = list(args.only or DEFAULT_FEATURES) + args.extra
     try:
+        if args.log_store:
+            print(build_log_store(features))
+            return 0
         coords = fetch(features) if args.fetch else packages(features)
     except (RuntimeError, ValueError, FileNotFoundError) as e:
         print(f"sts: {' '.join(str(e).split())} (spark_ext.jvm_packages)", file=sys.stderr)

@@ -68,9 +68,10 @@ def spark():
     from spark_ext import jvm_packages
     from spark_ext.session import local_session
 
-    if not os.environ.get(jvm_packages.PACKAGES_ENV) \
-            and not jvm_packages.recorded_jars(jvm_packages.packages()):
-        jvm_packages.fetch()
+    if not os.environ.get(jvm_packages.PACKAGES_ENV):
+        if not jvm_packages.recorded_jars(jvm_packages.packages()):
+            jvm_packages.fetch()
+        jvm_packages.build_log_store()  # built by the fetch; by an older one, not yet
     session = local_session("sts-tests")
     yield session
     session.stop()

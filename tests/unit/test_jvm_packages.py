@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_ext import jvm_packages
+from spark_ext import delta_log_store, jvm_packages
 from spark_ext.jvm_packages import LOCAL_FS_CONF, LOCAL_FS_PACKAGE
 
 
@@ -57,3 +57,54 @@ def test_without_the_feature_nothing_changes_file_s_file_system(cache: Path) -> 
     conf = jvm_packages.session_conf(["kafka", "delta"])
     assert not set(LOCAL_FS_CONF) & set(conf)
     assert "spark.driver.extraClassPath" not in conf
+
+
+def _fake_log_store(cache: Path, jars: list[str]) -> Path:
+    """A file where :func:`jvm_packages.build_log_store` would put the jar for ``jars``."""
+    classpath = jvm_packages._log_store_classpath(jars)
+    assert classpath is not None
+    jar = jvm_packages._jars_dir() / delta_log_store.jar_name(classpath)
+    jar.parent.mkdir(parents=True, exist_ok=True)
+    jar.write_bytes(b"")
+    return jar
+
+
+def test_with_delta_a_built_log_store_is_delta_s_for_file(cache: Path) -> None:
+    coords = jvm_packages.packages()
+    jars = _record(cache, coords)
+    storage = cache / "ivy" / "io.delta_delta-storage-4.4.0.jar"  # Delta's dependency
+    storage.write_bytes(b"")
+    jars.append(f"file://{storage}")
+    jvm_packages._record_path(coords).write_text("\n".join(jars) + "\n", encoding="utf-8")
+    assert delta_log_store.CONF_KEY not in jvm_packages.session_conf()  # not built yet
+
+    store = _fake_log_store(cache, jars)
+    conf = jvm_packages.session_conf()
+    assert conf[delta_log_store.CONF_KEY] == delta_log_store.CLASS_NAME
+    assert conf["spark.jars"].split(",") == [*jars, store.as_uri()]  # beside delta-storage
+    # Without Delta, nothing of it.
+    _record(cache, jvm_packages.packages(["kafka"]))
+    assert delta_log_store.CONF_KEY not in jvm_packages.session_conf(["kafka"])
+
+
+def test_a_changed_source_is_another_jar(cache: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    classpath = ["/ivy/io.delta_delta-storage-4.4.0.jar", "/spark/hadoop-client-api-3.5.0.jar"]
+    before = delta_log_store.jar_name(classpath)
+    assert before != delta_log_store.jar_name(["/ivy/io.delta_delta-storage-4.3.1.jar",
+                                               classpath[1]])
+    edited = tmp_path / "LocalListingLogStore.java"
+    edited.write_text(delta_log_store.SOURCE.read_text() + "\n// edited\n")
+    monkeypatch.setattr(delta_log_store, "SOURCE", edited)
+    assert delta_log_store.jar_name(classpath) != before
+
+
+def test_the_log_store_is_not_built_without_a_compiler_or_delta(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(delta_log_store.LogStoreBuildError, match="no resolved Delta jars"):
+        jvm_packages.build_log_store()
+    monkeypatch.setattr(delta_log_store, "javac", lambda: None)
+    with pytest.raises(delta_log_store.LogStoreBuildError, match="no javac"):
+        delta_log_store.build(["/x/io.delta_delta-storage-4.4.0.jar"], cache / "out")
+    assert not (cache / "out").exists()
+    assert jvm_packages.main(["--log-store"]) == 1  # a one-line error, no traceback
