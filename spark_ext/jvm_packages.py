@@ -194,10 +194,13 @@ def _record_path(coords: Iterable[str]) -> Path:
 
 def _log_store_classpath(jars: Iterable[str]) -> list[str] | None:
     """What the log store compiles against: the resolved ``delta-storage`` jar and Spark's
-    Hadoop client API (``None`` without Delta among ``jars``)."""
+    Hadoop client API (``None`` without Delta among ``jars`` or without that jar)."""
     storage = next((_file_path(j) for j in jars
                     if Path(_file_path(j)).name.startswith("io.delta_delta-storage-")), None)
-    return [storage, str(hadoop_api_jar())] if storage else None
+    try:
+        return [storage, str(hadoop_api_jar())] if storage else None
+    except FileNotFoundError:  # a Spark without Hadoop's client jar: Delta's own store
+        return None
 
 
 def log_store_jar(jars: Iterable[str]) -> Path | None:

@@ -10,15 +10,16 @@ from spark_ext import delta_log_store, jvm_packages
 from spark_ext.jvm_packages import LOCAL_FS_CONF, LOCAL_FS_PACKAGE
 
 
-def _record(tmp_path: Path, coords: list[str]) -> list[str]:
-    """Record jar files for ``coords`` the way :func:`jvm_packages.fetch` does."""
+def _record(tmp_path: Path, coords: list[str], key: list[str] | None = None) -> list[str]:
+    """Record jar files for ``coords`` the way :func:`jvm_packages.fetch` does (as what
+    Spark resolved for ``key``, default ``coords``: a dependency's jar is among them)."""
     jars = []
     for coord in coords:
         jar = tmp_path / "ivy" / jvm_packages.ivy_jar_name(coord)
         jar.parent.mkdir(parents=True, exist_ok=True)
         jar.write_bytes(b"")
         jars.append(f"file://{jar}")
-    record = jvm_packages._record_path(coords)
+    record = jvm_packages._record_path(key or coords)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text("\n".join(jars) + "\n", encoding="utf-8")
     return jars
@@ -70,12 +71,8 @@ def _fake_log_store(cache: Path, jars: list[str]) -> Path:
 
 
 def test_with_delta_a_built_log_store_is_delta_s_for_file(cache: Path) -> None:
-    coords = jvm_packages.packages()
-    jars = _record(cache, coords)
-    storage = cache / "ivy" / "io.delta_delta-storage-4.4.0.jar"  # Delta's dependency
-    storage.write_bytes(b"")
-    jars.append(f"file://{storage}")
-    jvm_packages._record_path(coords).write_text("\n".join(jars) + "\n", encoding="utf-8")
+    jars = _record(cache, [*jvm_packages.packages(), "io.delta:delta-storage:4.4.0"],
+                   key=jvm_packages.packages())
     assert delta_log_store.CONF_KEY not in jvm_packages.session_conf()  # not built yet
 
     store = _fake_log_store(cache, jars)
@@ -108,3 +105,18 @@ def test_the_log_store_is_not_built_without_a_compiler_or_delta(
         delta_log_store.build(["/x/io.delta_delta-storage-4.4.0.jar"], cache / "out")
     assert not (cache / "out").exists()
     assert jvm_packages.main(["--log-store"]) == 1  # a one-line error, no traceback
+
+
+def test_a_spark_without_hadoop_s_client_jar_keeps_delta_s_own_log_store(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    jars = _record(cache, [*jvm_packages.packages(), "io.delta:delta-storage:4.4.0"],
+                   key=jvm_packages.packages())
+    _fake_log_store(cache, jars)
+
+    def no_jar(jars: Path | None = None) -> Path:
+        raise FileNotFoundError("no hadoop-client-api jar in /spark/jars")
+
+    monkeypatch.setattr(jvm_packages, "hadoop_api_jar", no_jar)
+    conf = jvm_packages.session_conf()  # starts as before, without it
+    assert delta_log_store.CONF_KEY not in conf
+    assert conf["spark.jars"].split(",") == jars
