@@ -65,13 +65,16 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
 def spark():
     """One local SparkSession for the whole test session (its JVM packages resolved and
     recorded first, as ``scripts/install.sh`` does)."""
-    from spark_ext import jvm_packages
+    from spark_ext import delta_log_store, jvm_packages
     from spark_ext.session import local_session
 
     if not os.environ.get(jvm_packages.PACKAGES_ENV):
         if not jvm_packages.recorded_jars(jvm_packages.packages()):
             jvm_packages.fetch()
-        jvm_packages.build_log_store()  # built by the fetch; by an older one, not yet
+        try:  # built by the fetch (by an older one, not yet)
+            jvm_packages.build_log_store()
+        except delta_log_store.LogStoreBuildError:  # no javac: Delta's own log store;
+            pass  # tests/process/test_delta_log_store.py says so (a failure under CI)
     session = local_session("sts-tests")
     yield session
     session.stop()

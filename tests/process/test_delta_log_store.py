@@ -10,6 +10,13 @@ import pytest
 from py4j.protocol import Py4JJavaError
 
 from spark_ext import delta_log_store, jvm_packages
+from tests.utils import require_tool
+
+
+@pytest.fixture(autouse=True)
+def _jdk() -> None:
+    """The log store is compiled with the JDK's javac (skipped without it; fails under CI)."""
+    require_tool("javac", "a Java 17 JDK, Debian's openjdk-17-jdk-headless")
 
 
 def _table_with_a_checkpoint(spark, path: Path) -> None:
