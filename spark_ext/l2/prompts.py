@@ -16,19 +16,21 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 )
 
 
-def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplate) -> DataFrame:
+def build_requests(df: DataFrame, config: TaggingConfig, template: PromptTemplate, *,
+                   namespace: str = "") -> DataFrame:
     """Return ``df`` with the request columns added (existing columns are kept): L1's
     tags (:func:`~spark_ext.l1.tagging.tag_requests`), then ``prompt`` (``template``'s
     stable part first) and ``cache_key`` (the hash of the stable part).
 
-    ``request_id`` is a SHA-256 of the key columns, so a replayed event maps to
-    the same id and the sidecar and the answer writer drop the replay.
+    ``request_id`` is a SHA-256 of ``namespace`` and the key columns, so a replayed
+    event maps to the same id and the sidecar and the answer writer drop the replay
+    (:func:`~spark_ext.l1.tagging.tag_requests`).
 
     Usage::
 
         reqs = build_requests(events, TaggingConfig(), PromptTemplate(
             stable="You triage tickets.\\n", dynamic="Ticket: {text}"))
     """
-    tagged = tag_requests(df, config, needs=template.fields)
+    tagged = tag_requests(df, config, needs=template.fields, namespace=namespace)
     return (tagged.withColumn("prompt", template.column())
                   .withColumn("cache_key", F.lit(template.cache_key)))

@@ -112,8 +112,13 @@ def build_answers(rows: list[dict], key_columns: list[str], answered_ts: int) ->
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _fallback_text(own: str | None, default: str) -> str:
-    return own if own else default
+#: The request column (and result attribute) with a request's own fallback text: it wins
+#: over the sidecar pool's and the configured one.
+REQUEST_FALLBACK = "fallback_text"
+
+
+def _fallback_text(own: str | None, default: str, request: str | None = None) -> str:
+    return request or own or default
 
 
 def answers_from_results(results: pa.Table, *, key_columns: list[str], fallback_text: str
@@ -123,7 +128,8 @@ def answers_from_results(results: pa.Table, *, key_columns: list[str], fallback_
     for r in results.to_pylist():
         ok = r["status"] == "ok"
         attrs = dict(r.get("attributes") or {})
-        fallback = _fallback_text(r.get("fallback_text"), fallback_text)
+        fallback = _fallback_text(r.get("fallback_text"), fallback_text,
+                                  attrs.get(REQUEST_FALLBACK))
         row = {
             "request_id": r["request_id"], "trace_id": r.get("trace_id"),
             "priority": r.get("priority"),
@@ -162,7 +168,8 @@ def answers_from_refusals(acks: pa.Table, *, key_columns: list[str], fallback_te
     out = []
     for a in refused.to_pylist():
         reason = a.get("reason") or UNAVAILABLE
-        fallback = _fallback_text(a.get("sidecar_fallback_text"), fallback_text)
+        fallback = _fallback_text(a.get("sidecar_fallback_text"), fallback_text,
+                                  a.get(REQUEST_FALLBACK))
         row = {
             "request_id": a["request_id"], "trace_id": a.get("trace_id"),
             "priority": a.get("priority"), "answer": fallback, "answer_source": "fallback",
@@ -188,11 +195,12 @@ def answers_for_lost(pending: Iterable[Mapping], *, key_columns: list[str], fall
     """Safety-net fallbacks for accepted requests that got no result row in time."""
     out = []
     for p in pending:
+        fallback = _fallback_text(None, fallback_text, p.get(REQUEST_FALLBACK))
         row = {
             "request_id": p["request_id"], "trace_id": p.get("trace_id"),
-            "priority": p.get("priority"), "answer": fallback_text,
+            "priority": p.get("priority"), "answer": fallback,
             "answer_source": "fallback", "status": "timeout", "reason": NO_RESULT,
-            "fallback_text": fallback_text, "enqueue_ts": p.get("enqueue_ts"),
+            "fallback_text": fallback, "enqueue_ts": p.get("enqueue_ts"),
             "submit_ts": p.get("submit_ts"), "received_ts": None, "finish_ts": None,
             "deadline_ts": p.get("deadline_ts"), "kb_ids": joined_ids(p.get(KB_IDS)),
         }

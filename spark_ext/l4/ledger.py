@@ -71,6 +71,11 @@ warnings.filterwarnings("ignore", category=FutureWarning,
 #: batch's acks bring their records again; ``results`` keeps every row the sidecar wrote.
 ONCE_RECORDS = frozenset({"requests", "dead_letters"})
 
+#: How long after ``deadline + grace`` the ledger remembers an answered request (a
+#: repeat then is dropped without a table read; later ones are merged, which is as
+#: correct and costs a read).
+STATE_HOLD_MS = 30_000
+
 #: The answers tables a candidate may be for.
 ANSWERS, SHADOW_ANSWERS = "answers", "shadow_answers"
 

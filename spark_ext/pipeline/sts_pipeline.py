@@ -35,13 +35,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -52,44 +49,34 @@ from sidecar.contract import now_ms
 from spark_ext.config import QUERIES, REALTIME, REALTIME_PUBLISH, TABLE_NAMES, PipelineConfig
 from spark_ext.exceptions import PipelineConfigError, PipelineFailedError
 from spark_ext.l2 import fast_path
-from spark_ext.l2.prompts import build_requests
 from spark_ext.l2.template import PromptTemplate
 from spark_ext.l4.answers import KB_IDS, hours_between
 from spark_ext.l4.answers_batch import AnswersBatch
-from spark_ext.l4.arrivals import (PIPELINE_ATTRIBUTE, SUBMIT_COLUMN, arrivals, ledger_input,
-                                   record_schemas)
+from spark_ext.l4.arrivals import (PIPELINE_ATTRIBUTE, SUBMIT_COLUMN, record_schemas)
 from spark_ext.l4.buckets import MAX_BUCKETS, checkpoint_bucket_keys
 from spark_ext.l4.counts import PipelineCounts
-from spark_ext.l4.channels import ChannelSide, channel_side
-from spark_ext.l4.ledger import BucketLedger, ledger_schema
+from spark_ext.api.inference import LlmInference
+from spark_ext.l4.channels import ChannelSide
 from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, with_arm
 from spark_ext.l4.validation import AnswerValidator
 from spark_ext.pipeline.ticker import Ticker
 from spark_ext import storage
 from spark_ext.l4.writers import TableWriter, choose_writer
-from spark_ext.pipeline.run_ids import QueryRun, is_new_checkpoint, query_run
+from spark_ext.run_ids import QueryRun, is_new_checkpoint, query_run
 from spark_ext.pipeline.executor_warmup import ExecutorWarmup
 from spark_ext.pipeline.scaling import (ScaleController, SparkExecutors, pipeline_scale,
                                         scaling_step)
-from spark_ext.schemas import spark_schema
 from spark_ext.session import REALTIME_STOP_LOGGERS, is_connect, jvm_loggers_off, task_slots
-from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE, register_clock_source
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
-from spark_ext.submit.ack_channel import AckChannel
 from spark_ext.submit.realtime import REALTIME_BATCH, request_records
-from spark_ext.submit.submission import (STREAM_START_WAIT_S, ack_schema, check_sidecars,
-                                         submit_requests)
+from spark_ext.submit.submission import (ack_schema, check_sidecars)
 from spark_ext.tracing import answer_spans
-from spark_ext.uris import is_local_uri, join_uri, local_path, resolve_local
+from spark_ext.uris import is_local_uri, join_uri, local_path
 from spark_ext.worker_pool import warm_up_workers
 
 logger = logging.getLogger(__name__)
 
-#: How long after ``deadline + grace`` the ledger remembers an answered request (a
-#: repeat then is dropped without a table read; later ones are merged, which is as
-#: correct and costs a read).
-STATE_HOLD_MS = 30_000
 #: How often, with the driver's ``/metrics`` on, the executors ask their sidecars for the
 #: scale signal (a small Spark job; ``sts_spark_scale``).
 SCALE_CHECK_INTERVAL_S = 30.0
@@ -203,16 +190,16 @@ class StsPipeline:
             raise PipelineConfigError(
                 "scaling.enabled needs a classic session: on Spark Connect the driver cannot "
                 "ask for executors (scale on the sidecars' /metrics signal instead)")
+        fast_path.require_modules(config)
         self.spark = spark
         self.config = config
         self.template = PromptTemplate(stable=config.template.stable,
                                        dynamic=config.template.dynamic)
         out = config.output
-        # Tags this pipeline's requests; stable across restarts of the same checkpoints.
-        self.pipeline_id = hashlib.sha1(
-            resolve_local(out.checkpoint_dir, Path.cwd()).encode()).hexdigest()[:12]
+        self.inference = LlmInference.from_config(spark, config)
+        """The requests, the submission and the answers (:class:`~spark_ext.LlmInference`)."""
         self.runs: dict[str, QueryRun] = {}
-        """Query -> its run (:mod:`spark_ext.pipeline.run_ids`), set when it starts."""
+        """Query -> its run (:mod:`spark_ext.run_ids`), set when it starts."""
         self.tables = choose_writer(spark, out, tuple(config.tagging.key_columns))
         """Who writes the tables (:mod:`spark_ext.l4.writers`)."""
         if self.tables.traces_answers:
@@ -236,14 +223,24 @@ class StsPipeline:
         self._events_by_batch: dict[int, int] = {}
         self.source = event_source(config)
         """The L0 reader of ``source.format`` (:mod:`spark_ext.sources.events`)."""
-        self.channel: ChannelSide = channel_side(config, self.pipeline_id)
-        """The Spark side of the result channel (:mod:`spark_ext.l4.channels`)."""
-        folders = [out.out_dir, out.checkpoint_dir, *self.channel.folders()]
+        folders = [out.out_dir, out.checkpoint_dir]
         if folder := self.source.local_folder():
             folders.append(folder)  # Spark's file source needs it to exist
         for d in folders:
             if is_local_uri(d):
                 local_path(d).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def pipeline_id(self) -> str:
+        """Tags this pipeline's requests, acks and results: its checkpoint and the submit
+        checkpoint's run (:attr:`LlmInference.namespace`), stable across restarts of the
+        same checkpoints, new when they start over."""
+        return self.inference.namespace
+
+    @property
+    def channel(self) -> ChannelSide:
+        """The Spark side of the result channel (:mod:`spark_ext.l4.channels`)."""
+        return self.inference.channel
 
     @property
     def writer(self) -> str:
@@ -321,21 +318,25 @@ class StsPipeline:
                                    self.config.output.storage_options)
         if fast_path.enabled(self.config):  # L1 routing / L2 retrieval: adds `route`
             events = fast_path.apply_fast_path(events, self.config)
-        requests = build_requests(events, self.config.tagging, self.template)
+        tagging = self.config.tagging
+        requests = self.inference.requests(
+            events, template=self.template, priority=tagging.priority,
+            sla_ms=tagging.sla_ms, enqueue_ts=tagging.event_time_ms,
+            max_tokens=tagging.max_tokens_column or tagging.max_tokens,
+            max_tokens_cap=tagging.max_tokens, model=tagging.model,
+            temperature=tagging.temperature, trace_id=tagging.trace_id,
+            traceparent=tagging.traceparent)
         if self.config.rollout.mode != "full":  # canary/shadow/offline: adds `rollout_arm`
             requests = with_arm(requests, self.config.rollout)
         return requests
 
-    def acks(self, events: DataFrame | None = None,
-             ack_channel: AckChannel | None = None) -> DataFrame:
+    def acks(self, events: DataFrame | None = None) -> DataFrame:
         """The submit query's output: one ack row per event. With L1/L2, a rollout mode
         or a source with dead letters, every row, with ack columns where it was submitted
         (route ``llm``, the ``llm``/``shadow`` arm) and null ones where it was not."""
         requests, carried, extra, submit_when = self._to_submit(events)
-        return submit_requests(requests, self.config.sidecar, carried, extra,
-                               traceparent_column=self.config.tagging.traceparent,
-                               submit_when=submit_when, ack_channel=ack_channel,
-                               start_wait_s=STREAM_START_WAIT_S)
+        return self.inference.submit(requests, submit_when=submit_when,
+                                     attribute_columns=carried, extra_attributes=extra)
 
     def request_records(self, events: DataFrame | None = None) -> tuple[DataFrame, StructType]:
         """The real-time submit query's output (``output.triggers.submit: realtime``): a
@@ -376,41 +377,22 @@ class StsPipeline:
         """The sidecar's result rows as a stream (the result channel's reader)."""
         return self.channel.results(self.spark)
 
-    def _ack_channel(self) -> AckChannel:
-        run = self.runs["submit"]
-        return self.channel.ack_channel(run.id, run.started_ms)
-
     def hint_path(self) -> str:
         """The clock's hint file (:mod:`spark_ext.sources.clock`): local to the driver,
         where the answers query's writer and the clock source both run."""
-        name = f"sts-clock-{self.pipeline_id}-{self.runs['answers'].id}.json"
-        return os.path.join(tempfile.gettempdir(), "sts-spark", name)
+        return self.inference.hint_path()
 
     def answers_input(self, ack_schema, bucket_keys: tuple[int, ...]) -> DataFrame:
         """The answers query's stream: the ledger's output (:mod:`spark_ext.l4.ledger`)
         over the results, the acks of ``ack_schema`` and the clock, in the buckets
         ``bucket_keys`` (:mod:`spark_ext.l4.buckets`)."""
-        from pyspark.sql.streaming.state import GroupStateTimeout
-
-        config = self.config
-        register_clock_source(self.spark)
-        clock = (self.spark.readStream.format(CLOCK_SOURCE).option("hintPath", self.hint_path())
-                 .option("bucketIds", ",".join(map(str, bucket_keys))).load())
-        candidates = ledger_input(
-            arrivals(self.spark, self.channel, ack_schema=ack_schema),
-            clock, config, hold_ms=STATE_HOLD_MS, rule_text=config.routing.rule_text,
-            count_events=fast_path.enabled(config),
-            submit_column=SUBMIT_COLUMN if self._routed() else None,
-            bucket_keys=bucket_keys)
-        keys = tuple(config.tagging.key_columns)
-        every = config.output.records_interval_s
+        every = self.config.output.records_interval_s
         if every is None:
             every = self.tables.records_interval_s
-        ledger = BucketLedger(keys, merge_before=self.runs["answers"].started_ms,
-                              records_every_ms=int(every * 1000))
-        return candidates.groupBy("_bucket").applyInPandasWithState(
-            ledger, spark_schema(ledger_schema(keys)), BucketLedger.STATE_DDL, "update",
-            GroupStateTimeout.NoTimeout)
+        return self.inference.answers(
+            ack_schema=ack_schema, ledger_output=True, bucket_keys=bucket_keys,
+            routed=self._routed(), count_events=fast_path.enabled(self.config),
+            records_interval_s=every)
 
     # -------------------------------------------------------------- lifecycle
 
@@ -466,7 +448,9 @@ class StsPipeline:
         answers_checkpoint = self.config.output.checkpoint("answers")
         new_answers_run = is_new_checkpoint(self.spark, answers_checkpoint)
         for query in QUERIES if publish else ("submit", "answers"):
-            self.runs[query] = query_run(self.spark, self.config.output.checkpoint(query))
+            self.runs[query] = (self.inference.submit_run if query == "submit" else
+                                query_run(self.spark, self.config.output.checkpoint(query)))
+        self.inference.answers_run = self.runs["answers"]
         # The ledger's state has one value per bucket and one bucket per shuffle
         # partition (Spark's default of 200 would run 200 tasks a micro-batch); a
         # checkpoint keeps the buckets, and the partitions, its first run chose.
@@ -493,7 +477,7 @@ class StsPipeline:
         if realtime:  # requests as records on a topic the sidecars read
             submit_df, acks = self.request_records(events)
         else:
-            submit_df = self.acks(events, ack_channel=self._ack_channel())
+            submit_df = self.acks(events)
             acks = submit_df.schema
         keys = tuple(self.config.tagging.key_columns)
         batch_writer = AnswersBatch(

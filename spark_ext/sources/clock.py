@@ -88,6 +88,7 @@ class ClockStreamReader(SimpleDataSourceStreamReader):
         self.hint_path = options["hintpath"]
         self.buckets = [int(b) for b in options.get("bucketids", "0").split(",")]
         self.min_gap_ms = int(options.get("mingapms", "250"))
+        self.every_ms = int(options.get("everyms", "0"))
         self._ticked = False
         self._last = 0
 
@@ -99,8 +100,9 @@ class ClockStreamReader(SimpleDataSourceStreamReader):
 
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
         now = int(time.time() * 1000)
-        if now - self._last >= self.min_gap_ms and next_tick(
-                read_hint(self.hint_path), now_ms=now, ticked=self._ticked):
+        periodic = self.every_ms > 0 and now - self._last >= self.every_ms
+        if now - self._last >= self.min_gap_ms and (periodic or next_tick(
+                read_hint(self.hint_path), now_ms=now, ticked=self._ticked)):
             self._ticked, self._last = True, now
             return self._rows(now), {"tick": now}
         return iter([]), start
@@ -115,8 +117,10 @@ class ClockStreamReader(SimpleDataSourceStreamReader):
 class ClockDataSource(DataSource):
     """``spark.readStream.format("sts_clock")``: options ``hintPath`` (required),
     ``bucketIds`` (the ledger's bucket keys, comma-separated: one row per key and
-    tick; default ``0``) and ``minGapMs`` (the least time between two ticks, default
-    250)."""
+    tick; default ``0``), ``minGapMs`` (the least time between two ticks, default
+    250) and ``everyMs`` (also tick at least this often, hint or not: for an answers
+    query whose sink writes no hint, e.g. a user's own Kafka or ``foreachBatch`` sink;
+    default 0, off)."""
 
     @classmethod
     def name(cls) -> str:

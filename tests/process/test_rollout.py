@@ -63,12 +63,13 @@ def _run_until(pipeline: StsPipeline, done) -> None:
 
 
 def _request_id(event_id: str) -> str:
-    """The pipeline's request id of a one-key event (tagging: SHA-256 of the key)."""
+    """A request id of a one-key event (tagging: SHA-256 of the namespace and the key)."""
     return hashlib.sha256(event_id.encode()).hexdigest()[:32]
 
 
-def _llm_arm(event_ids, share: float) -> set[str]:
-    return {e for e in event_ids if canary_bucket(_request_id(e)) < share}
+def _llm_arm(answers: list[dict], share: float) -> set[str]:
+    """The events whose request id falls in the canary's model arm."""
+    return {a["event_id"] for a in answers if canary_bucket(a["request_id"]) < share}
 
 
 def test_modes_switch_over_the_same_checkpoints(spark, tmp_path: Path) -> None:
@@ -129,7 +130,7 @@ def test_demo_rollout_shares(spark, tmp_path: Path, mode: str) -> None:
     rollout = summary["rollout"]
     rule_arm = {a["event_id"] for a in answers if a["reason"] == f"rollout:{mode}"}
     if mode == "canary":
-        llm_arm = _llm_arm(events, share)
+        llm_arm = _llm_arm(answers, share)
         assert events - rule_arm == llm_arm
         assert rollout["llm_arm"] == len(llm_arm) and rollout["rule_arm"] == 20 - len(llm_arm)
         assert rollout["shadow_answers"] == 0

@@ -53,6 +53,15 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
                     "--no-build-isolation", "-w", str(dist), str(REPO)], check=True, timeout=180)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     wheel = next(dist.glob("sts_spark-*.whl"))
+    # Only spark_ext, sidecar and sts_-prefixed packages (no top-level benchmarks).
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as whl:
+        record = next(n for n in whl.namelist() if n.endswith(".dist-info/RECORD"))
+        tops = {line.split(",")[0].split("/")[0] for line in
+                whl.read(record).decode().splitlines() if line}
+    assert {t for t in tops if not t.startswith("sts_spark-")} == {
+        "sidecar", "spark_ext", "sts_harness"}, tops
     # Without PYTHONPATH: a checkout on it (its sts_spark.egg-info) looks installed to pip.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True,
@@ -103,7 +112,7 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
     usage = subprocess.run([str(venv / "bin" / "sts"), "demo", "--engine", "simulated"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2
-    assert "sts-spark[spark]" in usage.stderr and "Traceback" not in usage.stderr
+    assert "sts-spark[spark,l1l2,demo]" in usage.stderr and "Traceback" not in usage.stderr
     # The kafka result channel needs the kafka extra: without it, one line, exit 2.
     kafka = subprocess.run([str(venv / "bin" / "sts"), "sidecar", "--engine", "simulated",
                             "--listen", f"127.0.0.1:{free_port()}", "--set", "results.kind=kafka",

@@ -21,7 +21,7 @@ SIDECAR_PUBLIC = ("sidecar.contract", "sidecar.client", "sidecar.pb", "sidecar.i
 #: session, URIs, ...), then L0 sources, L1, L2, the hand-off to the sidecar, L4 and the
 #: pipeline that wires them. A module imports only from its own layer or below.
 SPARK_EXT_LAYERS = ("spark_ext", "spark_ext.sources", "spark_ext.l1", "spark_ext.l2",
-                    "spark_ext.submit", "spark_ext.l4", "spark_ext.pipeline")
+                    "spark_ext.submit", "spark_ext.l4", "spark_ext.api", "spark_ext.pipeline")
 #: The layers of ``sidecar`` from the bottom up, each a tuple of modules or packages (a
 #: package holds its submodules): generic helpers and the wire contract (with its
 #: generated code); the config;

@@ -123,9 +123,10 @@ class TableWriter(ABC):
         """Where table ``name`` is (a path, or a catalog name)."""
 
     @abstractmethod
-    def create_tables(self, spark: Any) -> None:
-        """Create ``answers`` and ``shadow_answers`` (their columns, partitioning and
-        the change data feed) unless they exist."""
+    def create_tables(self, spark: Any,
+                      names: tuple[str, ...] = ("answers", "shadow_answers")) -> None:
+        """Create the answer tables ``names`` (of ``answers`` and ``shadow_answers``:
+        their columns, partitioning and the change data feed) unless they exist."""
 
     @abstractmethod
     def frames(self, batch: Any) -> BatchFrames:

@@ -41,7 +41,8 @@ class DeltalakeWriter(TableWriter):
     def exists(self, spark: Any, name: str) -> bool:
         return self.store.exists(name)
 
-    def create_tables(self, spark: Any) -> None:
+    def create_tables(self, spark: Any,
+                      names: tuple[str, ...] = ("answers", SHADOW_ANSWERS)) -> None:
         """``answers`` and ``shadow_answers`` (empty, their columns, partitioned, the
         change data feed on) unless they exist."""
         from deltalake import write_deltalake
@@ -50,7 +51,7 @@ class DeltalakeWriter(TableWriter):
         for name, table_schema in (("answers", schema),
                                    (SHADOW_ANSWERS, schema.append(pa.field("model_text",
                                                                            pa.string())))):
-            if not self.store.exists(name):
+            if name in names and not self.store.exists(name):
                 write_deltalake(self.store.path(name), table_schema.empty_table(),
                                 mode="append", partition_by=[PARTITION],
                                 storage_options=self.store.storage_options,

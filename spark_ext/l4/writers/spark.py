@@ -163,7 +163,8 @@ class SparkWriter(TableWriter):
             return False
         return True
 
-    def create_tables(self, spark: SparkSession) -> None:
+    def create_tables(self, spark: SparkSession,
+                      names: tuple[str, ...] = ("answers", SHADOW_ANSWERS)) -> None:
         """``answers`` and ``shadow_answers`` with their columns, partitioning and
         properties, unless they exist (a table of another shape at that place is left
         alone and the first write then says what is wrong); auto compaction and the
@@ -171,6 +172,8 @@ class SparkWriter(TableWriter):
         fields = spark_schema(answer_schema(self.key_columns)).fields
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in fields)
         for name, extra in (("answers", ""), (SHADOW_ANSWERS, ", `model_text` string")):
+            if name not in names:
+                continue
             wanted = {**ANSWER_TABLE_PROPERTIES,
                       STATS_PROPERTY: stats_columns(name, [f.name for f in fields])}
             props = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())

@@ -1,0 +1,220 @@
+"""The DataFrame API inside a user's own query (:class:`spark_ext.LlmInference`), on real
+Spark, real simulated-engine sidecars over gRPC and real Delta tables: a source and sinks
+the pipeline never uses (a shaped ``rate`` source, a Delta table by catalog name, the
+user's own ``foreachBatch``), one answer per event, fallbacks when the sidecar dies, and
+namespaces that keep two queries over the same keys apart."""
+
+from __future__ import annotations
+
+import doctest
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from spark_ext import LlmInference
+from tests.utils import RemoteSidecar, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+TEMPLATE = "You answer questions in one short sentence.\nQuestion: {text}\nAnswer:"
+
+
+def _sidecar(tmp: Path, name: str, *, step_ms: int = 10, port: int | None = None
+             ) -> RemoteSidecar:
+    args = ["--engine", "simulated", "--sidecar-id", name,
+            "--set", f"engine.simulated.step_base_ms={step_ms}",
+            "--set", "scheduler.deadline_admission=false",
+            "--set", "results.flush_interval_s=0.05"]
+    sidecar = RemoteSidecar(tmp / "results", args, log_path=tmp / f"{name}.log")
+    if port is not None:
+        sidecar.port, sidecar.target = port, f"127.0.0.1:{port}"
+    return sidecar
+
+
+def _events(spark, rows: list[tuple[str, str, str]]):
+    return spark.createDataFrame(rows, "id string, text string, p string")
+
+
+def _collect(rows: list, into: list):
+    """A user's own ``foreachBatch`` sink: the answer rows, kept in a list."""
+    def sink(batch, batch_id: int) -> None:
+        into.extend(r.asDict() for r in batch.collect())
+    return sink
+
+
+def _run(queries, done, timeout_s: float = 90.0) -> None:
+    def check() -> bool:
+        for q in queries:
+            q.processAllAvailable()
+            assert q.exception() is None, q.exception()
+        return done()
+    wait_until(check, timeout_s, interval_s=0.3, what="the answers")
+
+
+def test_a_users_job_gets_one_answer_per_event_into_a_delta_table_by_name(
+        spark, tmp_path: Path) -> None:
+    """A ``rate`` stream shaped into id + text by the job, answers into a catalog
+    table, every event answered once by the model (``high`` ones by their SLA)."""
+    with _sidecar(tmp_path, "api") as sidecar:
+        llm = LlmInference(spark, key="id", checkpoint_location=str(tmp_path / "chk"),
+                           sidecar=sidecar.target, results_dir=str(tmp_path / "results"),
+                           fallback_text="Please try again later.", grace_ms=1000)
+        events = (spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+                  .where(F.col("value") < 12)
+                  .select(F.concat(F.lit("q-"), F.col("value").cast("string")).alias("id"),
+                          F.concat(F.lit("What is "), F.col("value").cast("string"),
+                                   F.lit(" plus one?")).alias("text"),
+                          F.when(F.col("value") % 2 == 0, "high").otherwise("low")
+                          .alias("p")))
+        requests = llm.requests(events, template=TEMPLATE, priority="p", max_tokens=8,
+                                sla_ms={"high": 20_000, "low": 40_000})
+        table = f"sts_api_answers_{uuid.uuid4().hex[:8]}"
+        queries = llm.start(requests, answers_table=table)
+        try:
+            _run(queries, lambda: spark.table(table).count() >= 12
+                 if spark.catalog.tableExists(table) else False)
+            rows = [r.asDict() for r in spark.table(table).collect()]
+        finally:
+            queries.stop()
+            spark.sql(f"DROP TABLE IF EXISTS {table}")
+    ids = sorted(r["id"] for r in rows)
+    assert ids == sorted(f"q-{i}" for i in range(12)), ids
+    assert {r["answer_source"] for r in rows} == {"llm"}, rows
+    assert len({r["request_id"] for r in rows}) == 12
+    assert all(r["deadline_met"] for r in rows if r["priority"] == "high"), rows
+
+
+def test_a_killed_sidecar_is_answered_by_the_fallback_and_nothing_twice(
+        spark, tmp_path: Path) -> None:
+    """The sidecar dies with requests in flight and comes back: every event has exactly
+    one answer row in the user's own ``foreachBatch`` sink; those in flight get their
+    own fallback text within deadline + grace + 5 s; later ones the model's."""
+    got: list[dict] = []
+    first = _sidecar(tmp_path, "dies", step_ms=20)  # 1,000 tokens take ~20 s
+    sidecar = first.__enter__()
+    port = sidecar.port
+    llm = LlmInference(spark, key="id", checkpoint_location=str(tmp_path / "chk"),
+                       sidecar=sidecar.target, results_dir=str(tmp_path / "results"),
+                       fallback_text="default fallback", grace_ms=500)
+    landing = tmp_path / "events"
+    landing.mkdir()
+    events = spark.readStream.schema("id string, text string, p string").json(str(landing))
+    # the first four run ~20 s, so they are in flight when the sidecar dies
+    budget = F.when(F.col("id").startswith("a-"), 1000).otherwise(8)
+    requests = llm.requests(events, template=TEMPLATE, priority="p", max_tokens=budget,
+                            sla_ms=10_000, fallback_text=F.concat(F.lit("sorry "), F.col("id")))
+    queries = llm.start(requests, answers_writer=lambda a: a.writeStream.foreachBatch(
+        _collect([], got)))
+    try:
+        (landing / "a.json").write_text("".join(
+            f'{{"id": "a-{i}", "text": "question {i}", "p": "normal"}}\n' for i in range(4)))
+        wait_until(lambda: sidecar.client.stats().accepted >= 4, 60, what="requests accepted")
+        os.kill(sidecar.proc.pid, signal.SIGKILL)  # killed with the four in flight
+        sidecar.proc.wait()
+        first.__exit__(None, None, None)
+        killed_at = time.time() * 1000
+        _run(queries, lambda: len({r["id"] for r in got}) >= 4, timeout_s=60)
+        fallbacks = [r for r in got if r["id"].startswith("a-")]
+        assert {(r["answer_source"], r["reason"]) for r in fallbacks} == {
+            ("fallback", "no_result")}, fallbacks
+        assert all(r["answer"] == f"sorry {r['id']}" for r in fallbacks), fallbacks
+        assert all(r["answered_ts"] <= r["deadline_ts"] + 500 + 5000 for r in fallbacks)
+        assert all(r["answered_ts"] >= killed_at - 1000 for r in fallbacks)
+        with _sidecar(tmp_path, "back", port=port):
+            (landing / "b.json").write_text("".join(
+                f'{{"id": "b-{i}", "text": "question {i}", "p": "high"}}\n' for i in range(3)))
+            _run(queries, lambda: len({r["id"] for r in got if r["id"].startswith("b-")}) >= 3,
+                 timeout_s=90)
+    finally:
+        queries.stop()
+        first.__exit__(None, None, None)  # idempotent: a failed test leaves no process
+    by_id: dict[str, list] = {}
+    for r in got:
+        if r["write"] == "append":
+            by_id.setdefault(r["id"], []).append(r)
+    assert sorted(by_id) == sorted([*(f"a-{i}" for i in range(4)), *(f"b-{i}" for i in range(3))])
+    assert all(len(v) == 1 for v in by_id.values()), by_id
+    assert {by_id[f"b-{i}"][0]["answer_source"] for i in range(3)} == {"llm"}
+
+
+def test_two_queries_over_the_same_keys_each_get_their_own_model_answers(
+        spark, tmp_path: Path) -> None:
+    """Two jobs (and the first again on a new checkpoint) submit the same keys to one
+    sidecar with one results folder: each gets the model's answers, none a fallback
+    from the sidecar's de-duplication, and none another's acks."""
+    rows = [(f"k-{i}", f"question {i}", "normal") for i in range(5)]
+
+    def run(name: str, checkpoint: Path, target: str) -> list[dict]:
+        llm = LlmInference(spark, key="id", checkpoint_location=str(checkpoint),
+                           sidecar=target, results_dir=str(tmp_path / "results"),
+                           fallback_text=f"fallback of {name}", grace_ms=1000)
+        landing = tmp_path / f"events-{name}"
+        landing.mkdir()
+        (landing / "e.json").write_text("".join(
+            f'{{"id": "{k}", "text": "{t}", "p": "{p}"}}\n' for k, t, p in rows))
+        events = spark.readStream.schema("id string, text string, p string").json(str(landing))
+        got: list[dict] = []
+        queries = llm.start(llm.requests(events, template=TEMPLATE, priority="p",
+                                         max_tokens=4, sla_ms=30_000),
+                            answers_writer=lambda a: a.writeStream.foreachBatch(
+                                _collect([], got)))
+        try:
+            _run(queries, lambda: len(got) >= 5)
+        finally:
+            queries.stop()
+        return got
+
+    with _sidecar(tmp_path, "shared") as sidecar:
+        one = run("one", tmp_path / "chk-one", sidecar.target)
+        two = run("two", tmp_path / "chk-two", sidecar.target)
+        import shutil
+
+        shutil.rmtree(tmp_path / "chk-one")  # the same job on a new checkpoint
+        again = run("again", tmp_path / "chk-one", sidecar.target)
+    for got in (one, two, again):
+        assert sorted(r["id"] for r in got) == [k for k, _, _ in rows], got
+        assert {r["answer_source"] for r in got} == {"llm"}, got
+    ids = [{r["request_id"] for r in got} for got in (one, two, again)]
+    assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
+
+
+def test_a_static_dataframe_gets_its_requests(spark, tmp_path: Path) -> None:
+    """The request columns on a batch DataFrame: ids stable for the same query, other
+    in another; priority and deadline from columns or constants; the stable part first."""
+    events = _events(spark, [("t1", "late order", "HIGH"), ("t2", "refund", "low")])
+    llm = LlmInference(spark, key="id", checkpoint_location=str(tmp_path / "a"),
+                       fallback_text="x", results_dir=str(tmp_path / "results"))
+    other = LlmInference(spark, key="id", checkpoint_location=str(tmp_path / "b"),
+                         fallback_text="x", results_dir=str(tmp_path / "results"))
+    reqs = llm.requests(events, template=TEMPLATE, priority="p",
+                        deadline_ts=F.lit(10_000).cast("long"), enqueue_ts=F.lit(1_000))
+    rows = {r.id: r for r in reqs.collect()}
+    assert rows["t1"].priority == "high" and rows["t2"].priority == "low"
+    assert rows["t1"].deadline_ts == 10_000 and rows["t1"].enqueue_ts == 1_000
+    assert rows["t1"].prompt.startswith("You answer questions") and rows["t1"].cache_key
+    again = {r.id: r.request_id for r in llm.requests(events, template=TEMPLATE).collect()}
+    elsewhere = {r.id: r.request_id for r in other.requests(events, template=TEMPLATE).collect()}
+    assert again == {k: r.request_id for k, r in rows.items()}
+    assert not set(again.values()) & set(elsewhere.values())
+    constant = llm.requests(events, prompt=F.col("text"), priority="normal", sla_ms=500)
+    assert {(r.priority, r.deadline_ts - r.enqueue_ts) for r in constant.collect()} == {
+        ("normal", 500)}
+
+
+def test_the_api_examples_run(spark, tmp_path: Path) -> None:
+    """Every ``>>>`` example of :mod:`spark_ext.api.inference` runs, on a real session."""
+    import spark_ext.api.inference as module
+
+    llm = LlmInference(spark, key="id", checkpoint_location=str(tmp_path / "ex"),
+                       fallback_text="Later.", results_dir=str(tmp_path / "results"))
+    reqs = llm.requests(_events(spark, [("t1", "hi", "high")]), template=TEMPLATE)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS,
+                             extraglobs={"spark": spark, "tmp": tmp_path, "llm": llm,
+                                         "reqs": reqs})
+    assert result.attempted >= 6
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"
