@@ -94,14 +94,17 @@ class InferenceQueries(NamedTuple):
     """Events -> requests -> the sidecar (writes no table)."""
     answers: StreamingQuery
     """Results + acks + a clock -> one answer per request -> your sink."""
+    inference: "LlmInference"
+    """Who started them (closed by :meth:`stop`)."""
 
     def stop(self) -> None:
-        """Stop both (the submit query first)."""
+        """Stop both (the submit query first), then :meth:`LlmInference.close`."""
         for q in (self.submit, self.answers):
             try:
                 q.stop()
             except Exception:  # noqa: BLE001 - a failed query may raise again on stop
                 logger.debug("Stopping %s raised.", q.name, exc_info=True)
+        self.inference.close()
 
 
 class LlmInference:
@@ -511,6 +514,16 @@ class LlmInference:
         return (out.where((F.col("_table") == ANSWERS) & F.col("_kind").isin(APPEND, MERGE))
                 .select(*columns, F.col("_kind").alias(WRITE_COLUMN)))
 
+    def close(self) -> None:
+        """Remove the streaming listener :meth:`answers` added (once its query stopped;
+        idempotent). :meth:`InferenceQueries.stop` calls it."""
+        listener, self._clock_listener = getattr(self, "_clock_listener", None), None
+        if listener is not None:
+            try:
+                self.spark.streams.removeListener(listener)
+            except Exception:  # noqa: BLE001 - the session may be gone already
+                logger.debug("Removing the clock listener raised.", exc_info=True)
+
     def _watch_clock(self, name: str) -> None:
         """Register (once) the listener that leaves the clock its hints from the
         answers query's observed metric ``name``."""
@@ -591,7 +604,7 @@ class LlmInference:
         except BaseException:
             answers_query.stop()
             raise
-        return InferenceQueries(submit_query, answers_query)
+        return InferenceQueries(submit_query, answers_query, self)
 
     def _buckets(self) -> tuple[int, ...]:
         from spark_ext.l4.buckets import MAX_BUCKETS, checkpoint_bucket_keys
@@ -684,6 +697,12 @@ class DeltaAnswersWriter:
     created: bool = field(default=False, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from spark_ext.java_errors import short_java_errors
+
+        with short_java_errors():  # a stop mid-batch: no Java stack for Spark to parse
+            self._write(batch, batch_id)
+
+    def _write(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         from spark_ext.l4.ledger import ANSWERS, APPEND, MERGE

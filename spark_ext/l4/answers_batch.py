@@ -69,6 +69,12 @@ class AnswersBatch:
     fast_path_stats: FastPathStats | None = None
 
     def __call__(self, batch, batch_id: int) -> None:
+        from spark_ext.java_errors import short_java_errors
+
+        with short_java_errors():  # a stop mid-batch: no Java stack for Spark to parse
+            self._write(batch, batch_id)
+
+    def _write(self, batch, batch_id: int) -> None:
         writer = self.writer
         timer = _Timer()
         frames = writer.frames(batch)

@@ -166,6 +166,12 @@ class AnswerPublisher:
             self._producer = self._consumer = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
+        from spark_ext.java_errors import short_java_errors
+
+        with short_java_errors():  # a stop mid-batch: no Java stack for Spark to parse
+            self._publish_batch(batch, batch_id)
+
+    def _publish_batch(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         changes = batch.where(F.col("_change_type").isin(*PUBLISHED_CHANGES))

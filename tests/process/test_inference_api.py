@@ -218,3 +218,28 @@ def test_the_api_examples_run(spark, tmp_path: Path) -> None:
                                          "reqs": reqs})
     assert result.attempted >= 6
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"
+
+
+@pytest.mark.slow
+def test_ten_stops_in_a_row_print_no_stack_overflow(tmp_path: Path) -> None:
+    """Stopping a job while its answers are being written: Spark parses the cancelled
+    write's error with a regex that overflowed Java's stack on a full Java stack trace
+    (``java.lang.StackOverflowError`` from the answers query's thread, 4 stops in 6);
+    the writers now hand Spark two lines."""
+    import subprocess
+    import sys
+
+    from tests.utils import REPO
+
+    with _sidecar(tmp_path, "stops") as sidecar:
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(REPO)}
+        env.pop("SPARK_REMOTE", None)
+        done = subprocess.run(
+            [sys.executable, str(REPO / "tests" / "process" / "stop_loop_job.py"),
+             sidecar.target, str(tmp_path / "results"), str(tmp_path / "work"), "10"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert [line for line in done.stdout.splitlines() if line.startswith("stop ")] == [
+        f"stop {i}: clean" for i in range(10)], out[-3000:]
+    assert "StackOverflowError" not in out, out[out.find("StackOverflowError") - 500:][:3000]
