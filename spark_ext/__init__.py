@@ -1,16 +1,21 @@
-"""sts-spark's Spark-side library: layers L0 (sources), L1 and L2 (the fast path: routing,
-retrieval, prompts), the hand-off to the sidecar (submit) and L4 (answers), wired by
-:class:`StsPipeline`.
+"""sts-spark's Spark-side library: non-blocking LLM inference inside a user's own Spark
+query (:class:`LlmInference`: requests, fire-and-forget submission, one answer per
+request as a streaming DataFrame), and :class:`StsPipeline`, a preset built on it (a
+source, L1/L2, the tables) configured by one YAML file.
 
 Public names, re-exported from their modules. They are loaded on first use, so a Spark
 Python worker that imports one module of the package (say the submission's) does not
 load the rest (Delta writer, the pipeline) it never runs::
 
-    from spark_ext import PipelineConfig, StsPipeline, local_session
+    from spark_ext import LlmInference
 
-    spark = local_session("sts")
-    pipeline = StsPipeline(spark, PipelineConfig.from_yaml("conf/pipeline.yaml"))
-    pipeline.start()
+    llm = LlmInference(spark, key="ticket_id", checkpoint_location="/chk/llm",
+                       fallback_text="An agent will answer shortly.")
+    queries = llm.start(llm.requests(events, template="Triage.\nTicket: {text}"),
+                        answers_table="main.support.llm_answers")
+
+Everything else (the layers' modules) is importable from its own module and may change
+between releases.
 """
 
 from __future__ import annotations
@@ -21,37 +26,23 @@ from sidecar import lazy_exports
 
 #: Public name -> the module it comes from.
 _EXPORTS = {
-    # From spark_ext.config
-    "PipelineConfig": "spark_ext.config",
-    "SidecarEndpointConfig": "spark_ext.config",
-    "SourceConfig": "spark_ext.config",
-    "SOURCE_FORMATS": "spark_ext.config",
     # From spark_ext.api.inference: the DataFrame API inside a user's own query
     "LlmInference": "spark_ext.api.inference",
     "InferenceQueries": "spark_ext.api.inference",
     "DeltaAnswersWriter": "spark_ext.api.inference",
+    # From spark_ext.l2.template
+    "PromptTemplate": "spark_ext.l2.template",
+    # From spark_ext.pipeline.sts_pipeline and spark_ext.config: the YAML preset
+    "StsPipeline": "spark_ext.pipeline.sts_pipeline",
+    "PipelineConfig": "spark_ext.config",
+    # From spark_ext.session and spark_ext.jvm_packages: a session with what it needs
+    "local_session": "spark_ext.session",
+    "spark_packages": "spark_ext.jvm_packages",
     # From spark_ext.exceptions
+    "StsSparkError": "spark_ext.exceptions",
     "PipelineConfigError": "spark_ext.exceptions",
     "PipelineFailedError": "spark_ext.exceptions",
     "SparkStartError": "spark_ext.exceptions",
-    "StsSparkError": "spark_ext.exceptions",
-    # From spark_ext.session
-    "local_session": "spark_ext.session",
-    # From spark_ext.jvm_packages
-    "spark_packages": "spark_ext.jvm_packages",
-    # From spark_ext.sources (L0)
-    "event_source": "spark_ext.sources.events",
-    # From spark_ext.l2 (prompts)
-    "PromptTemplate": "spark_ext.l2.template",
-    "build_requests": "spark_ext.l2.prompts",
-    # From spark_ext.submit
-    "submit_requests": "spark_ext.submit.submission",
-    # From spark_ext.l4
-    "AnswerStore": "spark_ext.l4.answer_store",
-    "read_results": "spark_ext.l4.channels",
-    # From spark_ext.pipeline
-    "StsPipeline": "spark_ext.pipeline.sts_pipeline",
-    "run_offline": "spark_ext.pipeline.offline",
 }
 #: Names whose attribute in their module differs from the public one.
 _RENAMED = {"spark_packages": "packages"}
@@ -63,17 +54,11 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _RENAMED)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
-    from spark_ext.config import SOURCE_FORMATS, PipelineConfig, SidecarEndpointConfig, SourceConfig
     from spark_ext.api.inference import DeltaAnswersWriter, InferenceQueries, LlmInference
+    from spark_ext.config import PipelineConfig
     from spark_ext.exceptions import (PipelineConfigError, PipelineFailedError, SparkStartError,
                                       StsSparkError)
     from spark_ext.jvm_packages import packages as spark_packages
-    from spark_ext.l2.prompts import build_requests
     from spark_ext.l2.template import PromptTemplate
-    from spark_ext.l4.answer_store import AnswerStore
-    from spark_ext.l4.channels import read_results
-    from spark_ext.pipeline.offline import run_offline
     from spark_ext.pipeline.sts_pipeline import StsPipeline
     from spark_ext.session import local_session
-    from spark_ext.sources.events import event_source
-    from spark_ext.submit.submission import submit_requests

@@ -827,7 +827,16 @@ class ValidationConfig:
 
 @dataclass
 class PipelineConfig:
-    """The whole Spark-side pipeline (``conf/pipeline.yaml``)."""
+    """The whole Spark-side pipeline (``conf/pipeline.yaml``): :class:`StsPipeline`'s
+    preset, one section per concern.
+
+    Example:
+        >>> config = PipelineConfig.from_dict({
+        ...     "source": {"schema": "ticket_id STRING, text STRING"},
+        ...     "tagging": {"key_columns": ["ticket_id"]}})
+        >>> config.tagging.key_columns, config.sidecar.endpoint
+        (['ticket_id'], '127.0.0.1:50051')
+    """
 
     source: SourceConfig = field(default_factory=SourceConfig)
     tagging: TaggingConfig = field(default_factory=TaggingConfig)

@@ -2,7 +2,12 @@
 
 
 class StsSparkError(Exception):
-    """Base class of spark_ext errors."""
+    """Base class of spark_ext errors.
+
+    Example:
+        >>> issubclass(PipelineConfigError, StsSparkError), issubclass(SparkStartError, StsSparkError)
+        (True, True)
+    """
 
 
 class TemplateOrderError(StsSparkError, ValueError):
@@ -10,13 +15,25 @@ class TemplateOrderError(StsSparkError, ValueError):
 
 
 class PipelineConfigError(StsSparkError, ValueError):
-    """The pipeline configuration is invalid. Fix the config."""
+    """The pipeline configuration is invalid. Fix the config.
+
+    Example:
+        >>> from spark_ext import PipelineConfig
+        >>> PipelineConfig.from_dict({"output": {"writer": "paper"}})
+        Traceback (most recent call last):
+        ...
+        spark_ext.exceptions.PipelineConfigError: output.writer: 'paper' is not one of ...
+    """
 
 
 class PipelineFailedError(StsSparkError, RuntimeError):
     """A query or a background part of the pipeline died; the pipeline stopped.
 
     Unrecoverable for this run: restart the pipeline (it resumes from its checkpoints).
+
+    Example:
+        >>> str(PipelineFailedError("query sts-answers failed: OSError: disk full"))
+        'query sts-answers failed: OSError: disk full'
     """
 
 
@@ -57,4 +74,9 @@ class SidecarLaunchError(StsSparkError, RuntimeError):
 class SparkStartError(StsSparkError, RuntimeError):
     """A local Spark session could not start: Java is missing or the JVM exited before
     PySpark could reach it (the message says which). Sometimes transient (memory, a
-    port); retry, and check ``java -version`` and ``JAVA_HOME``."""
+    port); retry, and check ``java -version`` and ``JAVA_HOME``.
+
+    Example:
+        >>> isinstance(SparkStartError("no java on PATH"), RuntimeError)
+        True
+    """

@@ -100,6 +100,11 @@ def local_session(app_name: str, *, cores: int = 2,
     Raises:
         SparkStartError: Java is missing, a JVM package could not be resolved, or the
             JVM exited before it served (or the Connect server did not answer).
+
+    Example (the session of this process, made once):
+        >>> spark = local_session("my-job")
+        >>> spark.conf.get("spark.sql.shuffle.partitions"), spark.conf.get("spark.ui.enabled")
+        ('2', 'false')
     """
     if remote := os.environ.get("SPARK_REMOTE"):
         return _connect_session(remote, app_name)

@@ -88,7 +88,19 @@ def query_namespace(checkpoint_location: str, run_id: str) -> str:
 
 
 class InferenceQueries(NamedTuple):
-    """The two queries of :meth:`LlmInference.start`."""
+    """The two queries of :meth:`LlmInference.start`.
+
+    Example:
+        >>> queries = llm.start(llm.requests(spark.readStream.format("rate").load()
+        ...     .selectExpr("cast(value as string) as id", "'hi' as text"),
+        ...     template="Say hello back.\\nMessage: {text}"), answers_table=str(tmp / "ans"),
+        ...     warm_up=False)
+        >>> queries.submit.isActive and queries.answers.isActive
+        True
+        >>> queries.stop()
+        >>> queries.answers.isActive
+        False
+    """
 
     submit: StreamingQuery
     """Events -> requests -> the sidecar (writes no table)."""
@@ -131,7 +143,7 @@ class LlmInference:
             they are served; a failed one is replaced by the fallback.
         tick_interval_ms: The answers query wakes up when a fallback falls due (its
             observed metrics tell this driver when); at the latest every this many ms
-            (a backstop where no listener runs, e.g. some Spark Connect servers).
+            (a backstop, and the clock on Spark Connect, where no listener runs).
         options: Further settings by section, as in the pipeline's YAML (e.g.
             ``{"sidecar": {"token_file": "/etc/sts/token"}}``).
 
@@ -527,6 +539,10 @@ class LlmInference:
     def _watch_clock(self, name: str) -> None:
         """Register (once) the listener that leaves the clock its hints from the
         answers query's observed metric ``name``."""
+        from spark_ext.session import is_connect
+
+        if is_connect(self.spark):  # PySpark 4.2's Connect client drops its listeners
+            return  # on the first observed metric: the clock's periodic tick serves
         if getattr(self, "_clock_listener", None) is None:
             self._clock_listener = ClockHints(name, self.hint_path())
             self.spark.streams.addListener(self._clock_listener)
@@ -566,7 +582,7 @@ class LlmInference:
     def start(self, requests: DataFrame, *, answers_table: str | None = None,
               answers_writer: Callable[[DataFrame], DataStreamWriter] | None = None,
               acks_writer: Callable[[DataFrame], DataStreamWriter] | None = None,
-              trigger_seconds: float = 0.0) -> InferenceQueries:
+              trigger_seconds: float = 0.0, warm_up: bool = True) -> InferenceQueries:
         """Start the submit and answers queries with their checkpoints.
 
         Args:
@@ -578,6 +594,11 @@ class LlmInference:
                 mode and the query name are set here), e.g. to a Kafka topic.
             acks_writer: The same for the acks (default: ``noop``).
             trigger_seconds: Micro-batch interval of both (0: as fast as they go).
+            warm_up: Before the first event is submitted: ask the sidecars from the
+                executors whether they serve (a warning names one that does not; it
+                also starts the Python workers submission reuses), start the answers
+                query and wait (at most a minute) for its first micro-batch, so the
+                first requests do not wait for cold queries.
 
         Returns:
             The two :class:`StreamingQuery` handles.
@@ -586,6 +607,8 @@ class LlmInference:
             raise PipelineConfigError("start: give one of answers_table or answers_writer")
         acks = self.submit(requests)
         answers = self.answers()
+        if warm_up:
+            self.check_sidecars()
         if answers_table is not None:
             writer = answers.writeStream.foreachBatch(self.delta_writer(answers_table))
         else:
@@ -598,6 +621,8 @@ class LlmInference:
             if buckets is not None:
                 self.spark.conf.set("spark.sql.shuffle.partitions", buckets)
         try:
+            if warm_up:
+                _await_first_batch(answers_query, timeout_s=60.0)
             submit_writer = (acks_writer(acks) if acks_writer is not None
                              else acks.writeStream.format("noop"))
             submit_query = self._started(submit_writer, "submit", trigger_seconds)
@@ -605,6 +630,25 @@ class LlmInference:
             answers_query.stop()
             raise
         return InferenceQueries(submit_query, answers_query, self)
+
+    def check_sidecars(self) -> list[dict]:
+        """Ask from Python tasks on the executors whether their sidecar serves; a warning
+        names each that does not (its requests get the fallback until it does). It also
+        starts the Python workers submission reuses.
+
+        Returns:
+            One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``,
+            ``sidecar_id`` and the sidecar's scale signal.
+        """
+        from spark_ext.submit.submission import check_sidecars
+
+        rows = check_sidecars(self.spark, self.config.sidecar)
+        for r in rows:
+            if not r["serving"]:
+                logger.warning("Sidecar %s is not serving for task %d%s: its requests get "
+                               "the fallback until it is.", r["endpoint"], r["partition"],
+                               f" ({r['error']})" if r["error"] else "")
+        return rows
 
     def _buckets(self) -> tuple[int, ...]:
         from spark_ext.l4.buckets import MAX_BUCKETS, checkpoint_bucket_keys
@@ -669,6 +713,15 @@ class ClockHints(_listener_base()):  # type: ignore[misc]
         pass
 
 
+def _await_first_batch(query: StreamingQuery, *, timeout_s: float) -> None:
+    """Wait until ``query`` has run a micro-batch (or stopped, or ``timeout_s``)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 @dataclass
 class _OneTableOutput(OutputConfig):
     """An ``output`` section with one answers table, at ``answers_path`` when set."""
@@ -686,6 +739,12 @@ class DeltaAnswersWriter:
     """``foreachBatch`` of :meth:`LlmInference.answers` into one Delta table (from
     :meth:`LlmInference.delta_writer`). Plain data (a writer and an id), so it pickles
     to a Spark Connect server, where it then runs.
+
+    Example:
+        >>> import pickle
+        >>> write = llm.delta_writer(str(tmp / "answers"))
+        >>> type(pickle.loads(pickle.dumps(write))).__name__, write.app_id.startswith("sts-answers-")
+        ('DeltaAnswersWriter', True)
 
     Args:
         tables: Who writes the table (:mod:`spark_ext.l4.writers`).

@@ -175,7 +175,8 @@ class PipelineTables:
 
 
 class StsPipeline:
-    """Builds and runs the STS queries on a SparkSession.
+    """Builds and runs the STS queries on a SparkSession: a preset of
+    :class:`~spark_ext.LlmInference` with a source, L1/L2, the tables and their upkeep.
 
     Usage::
 
@@ -183,6 +184,14 @@ class StsPipeline:
         pipeline.start()
         pipeline.await_termination(timeout_s=600)   # raises if a part died
         pipeline.stop()
+
+    Example (built, not started):
+        >>> from spark_ext import PipelineConfig
+        >>> pipeline = StsPipeline(spark, PipelineConfig.from_dict({
+        ...     "source": {"path": str(tmp / "events")},
+        ...     "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ck")}}))
+        >>> len(pipeline.pipeline_id), pipeline.writer
+        (12, 'spark')
     """
 
     def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:

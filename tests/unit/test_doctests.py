@@ -12,7 +12,7 @@ from tests.utils import library_modules
 MODULES = library_modules(("sidecar", "spark_ext", "sts_harness", "benchmarks"))
 
 #: Modules whose examples need a SparkSession (run by tests/process/test_inference_api.py).
-NEEDS_SPARK = {"spark_ext.api.inference"}
+NEEDS_SPARK = {"spark_ext.api.inference", "spark_ext.session", "spark_ext.pipeline.sts_pipeline"}
 
 WITH_EXAMPLES = sorted(name for name, path in MODULES.items()
                        if ">>>" in path.read_text(encoding="utf-8") and name not in NEEDS_SPARK)
