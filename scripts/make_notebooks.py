@@ -29,6 +29,55 @@ from spark_ext import local_session
 spark = SparkSession.getActiveSession() or local_session("sts-notebook")
 print("Spark", spark.version)'''
 
+OWN_STREAM = [
+    new_markdown_cell("""\
+# Add LLM inference to a stream you already have
+
+Your streaming job keeps its source, its joins, its sink and its checkpoints. Three cells
+add non-blocking LLM inference to it: requests from your rows, both queries started with
+the answers written to a Delta table, and the answers read back. Nothing waits for the
+model: every event gets exactly one answer row, the model's or your fallback at its
+deadline.
+
+It needs a running sidecar (`sts sidecar`; on a cluster, one per GPU started by the
+init script) whose `results.results_dir` is `RESULTS_DIR`."""),
+    new_code_cell('''\
+# Parameters
+SIDECAR = "127.0.0.1:50051"     # the sidecar's address
+RESULTS_DIR = "./sts-results"   # where that sidecar writes its results (results.results_dir)
+OUT = "./sts-my-stream"         # the answers table and the checkpoints go here
+SECONDS = 30                    # how long this notebook lets the stream run'''),
+    new_code_cell(_SPARK),
+    new_code_cell('''\
+# Your stream, as it is (here: Spark's rate source shaped into support tickets)
+from pyspark.sql import functions as F
+
+events = (spark.readStream.format("rate").option("rowsPerSecond", 2).load()
+          .select(F.concat(F.lit("T-"), F.col("value").cast("string")).alias("ticket_id"),
+                  F.concat(F.lit("Where is my order "), F.col("value").cast("string"),
+                           F.lit("?")).alias("text"),
+                  F.when(F.col("value") % 3 == 0, "high").otherwise("normal").alias("priority")))'''),
+    new_markdown_cell("## 1. Requests from your rows"),
+    new_code_cell('''\
+from spark_ext import LlmInference
+
+llm = LlmInference(spark, key="ticket_id", sidecar=SIDECAR, results_dir=RESULTS_DIR,
+                   checkpoint_location=f"{OUT}/checkpoints",
+                   fallback_text="Thanks for writing; an agent will answer shortly.")
+requests = llm.requests(events, priority="priority", sla_ms={"high": 5000, "normal": 20000},
+                        template="Answer the customer in one sentence.\\nTicket: {text}")'''),
+    new_markdown_cell("## 2. Both queries, the answers into Delta"),
+    new_code_cell('''\
+queries = llm.start(requests, answers_table=f"{OUT}/answers")   # or a catalog name
+queries.answers.awaitTermination(SECONDS)
+queries.stop()'''),
+    new_markdown_cell("## 3. The answers"),
+    new_code_cell('''\
+answers = spark.read.format("delta").load(f"{OUT}/answers")
+answers.groupBy("priority", "answer_source").count().orderBy("priority", "answer_source").show()
+print("answers:", answers.count(), "events answered:", answers.select("ticket_id").distinct().count())'''),
+]
+
 QUICKSTART = [
     new_markdown_cell("""\
 # sts-spark quickstart
@@ -270,7 +319,7 @@ def _notebook(cells: list) -> nbformat.NotebookNode:
 
 
 #: File name -> cells.
-NOTEBOOK_CELLS = {"01_quickstart.ipynb": QUICKSTART, "02_analyst.ipynb": ANALYST,
+NOTEBOOK_CELLS = {"00_own_stream.ipynb": OWN_STREAM, "01_quickstart.ipynb": QUICKSTART, "02_analyst.ipynb": ANALYST,
                   "03_capacity.ipynb": CAPACITY}
 
 

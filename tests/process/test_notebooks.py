@@ -9,6 +9,7 @@ Each runs in its own kernel (its own Spark), with a time cap per cell.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -51,6 +52,23 @@ def test_notebooks_are_generated_from_the_script() -> None:
     for name, text in module.render().items():
         assert (NOTEBOOKS / name).read_text(encoding="utf-8") == text, (
             f"{name} is stale: run python scripts/make_notebooks.py")
+
+
+@pytest.mark.timeout(600)
+def test_the_own_stream_notebook_answers_every_event_once(tmp_path: Path) -> None:
+    """``00_own_stream``: three cells on the user's stream, against a running sidecar."""
+    from tests.utils import RemoteSidecar
+
+    args = ["--engine", "simulated", "--sidecar-id", "notebook",
+            "--set", "engine.simulated.step_base_ms=5", "--set", "results.flush_interval_s=0.05"]
+    with RemoteSidecar(tmp_path / "results", args, log_path=tmp_path / "sidecar.log") as sidecar:
+        nb = _run("00_own_stream.ipynb", tmp_path, SIDECAR=sidecar.target,
+                  RESULTS_DIR=str(tmp_path / "results"), OUT=str(tmp_path / "own"), SECONDS=15)
+    text = _outputs(nb)
+    line = next(x for x in text.splitlines() if x.startswith("answers:"))
+    answers, answered = int(line.split()[1]), int(line.split()[-1])
+    assert answers == answered > 0, text[-2000:]  # one row per event
+    assert re.search(r"\|\s*llm\|", text), text[-2000:]  # the model answered
 
 
 @pytest.mark.timeout(900)
