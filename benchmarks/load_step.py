@@ -131,7 +131,9 @@ def _pipeline_config(work: Path, args: argparse.Namespace, elastic: bool):
     from spark_ext.config import PipelineConfig
 
     run = work / "run"
-    return PipelineConfig.from_dict({
+    from sts_harness.support_app import support_sections
+
+    return PipelineConfig.from_dict(support_sections({
         "source": {"path": str(work / "events"), "schema": _event_schema(),
                    "options": {"maxFilesPerTrigger": "1000"}},
         "tagging": {"sla_ms": dict(SLA_MS), "max_tokens": args.max_tokens,
@@ -148,7 +150,7 @@ def _pipeline_config(work: Path, args: argparse.Namespace, elastic: bool):
         "output": {"out_dir": str(work / "tables"), "checkpoint_dir": str(work / "checkpoints"),
                    "triggers": {"submit": 0.5, "answers": 0.5}, "writer": args.writer,
                    "metrics_port": 0},
-    })
+    }))
 
 
 def _event_schema() -> str:

@@ -300,7 +300,9 @@ def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None
             tagging["callback_topic"] = f"{events_topic}.results"
             extra = {"validation": {"enabled": False}}
             triggers["publish"] = "realtime"
-    return PipelineConfig.from_dict({
+    from sts_harness.support_app import support_sections
+
+    return PipelineConfig.from_dict(support_sections({
         **kafka, **extra,
         "source": source,
         "tagging": tagging,
@@ -312,7 +314,7 @@ def _pipeline_config(ctx: RunContext, run_dir: Path, *, events_topic: str | None
                    "checkpoint_dir": str(run_dir / "checkpoints"),
                    "triggers": triggers,
                    "writer": ctx.writer},
-    })
+    }))
 
 
 def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
@@ -398,31 +400,38 @@ def run_sts(ctx: RunContext, rate: float, requests: list[GeneratedRequest], *,
     result["hops_ms"] = hop_latencies(rows)
     result["writer"] = pipeline.writer
     if topic is not None:
-        assert ctx.kafka is not None
-        since = replayer.start_ms - 1000
-        events_at, kind = landing_times(ctx.kafka.bootstrap_servers, [topic], since_ms=since)
-        results_at, result_kind = landing_times(ctx.kafka.bootstrap_servers,
-                                                config.result_topics(), since_ms=since)
-        result["hops_ms"] = merge_hops(result["hops_ms"],
-                                       topic_hops(rows, events_at, results_at))
-        if config.answers.topic is not None:  # keyed by the event's key column
-            published, _ = landing_times(ctx.kafka.bootstrap_servers, [config.answers.topic],
-                                         since_ms=since)
-            for hop, source in (("event -> on answers topic", None),
-                                ("event -> on answers topic, the model's", "llm")):
-                on_topic = [r for r in rows if r["event_id"] in published
-                            and source in (None, r["answer_source"])]
-                result["hops_ms"][hop] = percentiles(
-                    [published[r["event_id"]] - r["enqueue_ts"] for r in on_topic], (50, 99),
-                    digits=1) | {"n": len(on_topic)}
-        result["kafka"] = {"cluster": ctx.kafka.cluster, "events_topic": topic,
-                           "result_topics": config.result_topics(), "topics": topics,
-                           "event_partitions": ctx.kafka.event_partitions,
-                           "timestamps": {"events": kind, "results": result_kind}}
+        _kafka_figures(ctx, config, topic, topics, rows, replayer.start_ms, result)
     result["query_phase_ms_p50"] = query_ms
     result["answers_steps_ms"] = pipeline.counts.step_percentiles(since_ms=replayer.start_ms)
     result["answers_by_source"] = dict(collections.Counter(r["answer_source"] for r in rows))
     return result
+
+
+def _kafka_figures(ctx: RunContext, config, topic: str, topics: object, rows: list[dict],
+                   start_ms: int, result: dict) -> None:
+    """The Kafka route's figures into ``result``: the hops through the events and result
+    topics (and the answers topic, when published), and the cluster's description."""
+    assert ctx.kafka is not None
+    since = start_ms - 1000
+    events_at, kind = landing_times(ctx.kafka.bootstrap_servers, [topic], since_ms=since)
+    results_at, result_kind = landing_times(ctx.kafka.bootstrap_servers,
+                                            config.result_topics(), since_ms=since)
+    result["hops_ms"] = merge_hops(result["hops_ms"],
+                                   topic_hops(rows, events_at, results_at))
+    if config.answers.topic is not None:  # keyed by the event's key column
+        published, _ = landing_times(ctx.kafka.bootstrap_servers, [config.answers.topic],
+                                     since_ms=since)
+        for hop, source in (("event -> on answers topic", None),
+                            ("event -> on answers topic, the model's", "llm")):
+            on_topic = [r for r in rows if r["event_id"] in published
+                        and source in (None, r["answer_source"])]
+            result["hops_ms"][hop] = percentiles(
+                [published[r["event_id"]] - r["enqueue_ts"] for r in on_topic], (50, 99),
+                digits=1) | {"n": len(on_topic)}
+    result["kafka"] = {"cluster": ctx.kafka.cluster, "events_topic": topic,
+                       "result_topics": config.result_topics(), "topics": topics,
+                       "event_partitions": ctx.kafka.event_partitions,
+                       "timestamps": {"events": kind, "results": result_kind}}
 
 
 def _wait_published(pipeline, bootstrap_servers: str, topic: str, event_ids: set[str], *,

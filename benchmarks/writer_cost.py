@@ -72,7 +72,9 @@ def _config(work: Path, target: str, results: Path, writer: str):
     from spark_ext import PipelineConfig
     from sts_harness.replay import EVENT_SCHEMA
 
-    return PipelineConfig.from_dict({
+    from sts_harness.support_app import support_sections
+
+    return PipelineConfig.from_dict(support_sections({
         "source": {"path": str(work / "events"), "schema": EVENT_SCHEMA,
                    "options": {"maxFilesPerTrigger": "1000"}},
         "tagging": {"sla_ms": {"high": 30_000, "normal": 60_000, "low": 90_000},
@@ -81,7 +83,7 @@ def _config(work: Path, target: str, results: Path, writer: str):
         "answers": {"grace_ms": 2000},
         "output": {"out_dir": str(work / "tables"), "checkpoint_dir": str(work / "ckpt"),
                    "writer": writer},
-    })
+    }))
 
 
 def _events(n: int, rate: float, run: str):

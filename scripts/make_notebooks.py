@@ -129,14 +129,15 @@ print("sidecar:", endpoint)'''),
     new_markdown_cell("## 2. The pipeline"),
     new_code_cell('''\
 from spark_ext import PipelineConfig, StsPipeline
+from sts_harness.support_app import support_sections   # the tickets' prompt and fallback
 
-config = PipelineConfig.from_dict({
+config = PipelineConfig.from_dict(support_sections({
     "source": {"path": str(out / "events")},
     "tagging": {"sla_ms": {"high": 8000, "normal": 15000, "low": 30000}, "max_tokens": 48},
     "sidecar": {"endpoint": endpoint, "results_dir": str(out / "results")},
     "output": {"out_dir": str(out / "tables"), "checkpoint_dir": str(out / "checkpoints"),
                "writer": WRITER},
-})
+}))
 pipeline = StsPipeline(spark, config)
 stack.callback(pipeline.stop)
 queries = pipeline.start()

@@ -236,11 +236,11 @@ class TaggingConfig:
 class TemplateConfig:
     """L2: the prompt template (stable part first)."""
 
-    stable: str = ("You are a support assistant. Reply to the customer's ticket in one short, "
-                   "polite sentence.\n")
-    """System prompt, examples and fixed context."""
+    stable: str = "Answer the message below in one or two short sentences.\n"
+    """System prompt, examples and fixed context (your application's; this default is a
+    neutral one)."""
 
-    dynamic: str = "Ticket: {text}"
+    dynamic: str = "Message: {text}"
     """Per-event part with ``{column}`` fields."""
 
 
@@ -385,8 +385,9 @@ class AnswersConfig:
     """A request with no result row by ``deadline_ts + grace_ms`` is answered by the
     safety net with the fallback (a result that comes later backfills it)."""
 
-    fallback_text: str = ("Thanks for your message. An agent will get back to you shortly.")
-    """Rule fallback answer when the sidecar sent none (unreachable, no result)."""
+    fallback_text: str = "No answer is available right now. Please try again later."
+    """Rule fallback answer when the sidecar sent none (unreachable, no result): your
+    application's words (this default is a neutral one)."""
 
     ledger_horizon_s: float = 3600.0
     """How far back a new checkpoint of the answers query reads the ``kafka`` channel
@@ -454,8 +455,9 @@ class RoutingConfig:
     high|normal|low}``. The first rule whose ``when`` holds decides; a field it
     leaves out keeps the model's value."""
 
-    rule_text: str = "Hello! Thanks for your message. How can we help you today?"
-    """Answer of events routed ``rule`` (``answer_source = rule``)."""
+    rule_text: str = "Thank you, your message was received."
+    """Answer of events routed ``rule`` (``answer_source = rule``): your application's
+    words (this default is a neutral one)."""
 
     def __post_init__(self) -> None:
         for i, rule in enumerate(self.rules):

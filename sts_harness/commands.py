@@ -24,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     l1l2_commands.register(sub)
     trace_commands.register(sub)
+    for add in (_add_demo, _add_validate, _add_events, _add_s3_server, _add_connect_server):
+        add(sub)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run the whole system end to end on this machine")
     demo.add_argument("--rate", type=positive(float), default=None,
                       help="events per second (default: --overload x the model requests/s "
@@ -69,6 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "(default: 6)")
     demo.set_defaults(func=_run_demo)
 
+
+def _add_validate(sub: argparse._SubParsersAction) -> None:
     validate = sub.add_parser("validate", help="rollout offline: L1-L4 over past events, "
                                                "model vs rule answers, a report table")
     validate.add_argument("--input", default=None,
@@ -95,6 +102,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="tagging.max_tokens of the requests")
     validate.set_defaults(func=_run_validate)
 
+
+def _add_events(sub: argparse._SubParsersAction) -> None:
     events = sub.add_parser("events", help="stream the sample tickets into a folder "
                                            "(the input of a spark-submit job)")
     events.add_argument("--to", required=True,
@@ -103,6 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     events.add_argument("--duration", type=positive(float), default=60.0, help="seconds of replay")
     events.set_defaults(func=_run_events)
 
+
+def _add_s3_server(sub: argparse._SubParsersAction) -> None:
     s3 = sub.add_parser(
         "s3-server", help="a local S3-compatible server (moto, in memory) with one bucket, "
                           "and the settings that point both writers at it; Ctrl-C stops it")
@@ -111,6 +122,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s3.add_argument("--prefix", default="sts", help="the key prefix of the printed locations")
     s3.set_defaults(func=_run_s3_server)
 
+
+def _add_connect_server(sub: argparse._SubParsersAction) -> None:
     connect = sub.add_parser(
         "connect-server", help="a local Spark Connect server with the jars and settings the "
                                "pipeline needs (what Databricks serverless runs); Ctrl-C stops it")

@@ -427,12 +427,7 @@ def run_demo(opts: DemoOptions) -> dict:
     stack = contextlib.ExitStack()  # closed in reverse: pipeline, Spark, sidecar, broker
     log = out / "demo.log"
     log_demo_to_file(stack, log)
-    rate = (f"{opts.rate:g} events/s" if opts.rate is not None
-            else f"{opts.overload:g}x the engine's measured capacity" if opts.engine == "vllm"
-            else f"{UNSIZED_RATE:g} events/s")
-    print(f"sts demo: {rate} for {opts.duration:g} s, {opts.engine} engine, "
-          f"{opts.source} route, writer {opts.resolved_writer()}; output {out}; log {log}",
-          flush=True)
+    _announce(opts, out, log)
     try:
         if opts.engine == "vllm":
             with demo_step("Preparing the model", log,
@@ -451,19 +446,8 @@ def run_demo(opts: DemoOptions) -> dict:
         opts, sizing = sized(opts, sidecar.client)
 
         from spark_ext import StsPipeline
-        from spark_ext.session import session_scope
 
-        niceness = SPARK_NICENESS if _pin_spark_cpus(stack, opts.engine) \
-            and opts.owns_process else 0
-        if niceness:
-            print(f"Spark at nice +{niceness}: the engine's scheduler comes first on its CPUs",
-                  flush=True)
-        remote = os.environ.get("SPARK_REMOTE")
-        with demo_step(f"Connecting to Spark Connect at {remote}" if remote
-                       else "Starting Spark (local[2])", log,
-                       expect="a few seconds" if remote else "10-20 s"):
-            spark = _in_thread_at_niceness(
-                lambda: stack.enter_context(session_scope("sts-demo")), niceness)
+        spark = _demo_session(stack, opts, log)
         with demo_step("Building the pipeline", log,
                        expect="L1 router, L2 knowledge base, feature table" if opts.l1l2
                        else ""):
@@ -504,6 +488,35 @@ def run_demo(opts: DemoOptions) -> dict:
         return summary
     finally:
         stack.close()  # Spark is stopped only if the demo started it
+
+
+def _announce(opts: DemoOptions, out: Path, log: Path) -> None:
+    """The demo's first line: rate, duration, engine, route, writer, output and log."""
+    rate = (f"{opts.rate:g} events/s" if opts.rate is not None
+            else f"{opts.overload:g}x the engine's measured capacity" if opts.engine == "vllm"
+            else f"{UNSIZED_RATE:g} events/s")
+    print(f"sts demo: {rate} for {opts.duration:g} s, {opts.engine} engine, "
+          f"{opts.source} route, writer {opts.resolved_writer()}; output {out}; log {log}",
+          flush=True)
+
+
+def _demo_session(stack: contextlib.ExitStack, opts: DemoOptions, log: Path):
+    """The demo's Spark session (local, or Spark Connect with ``SPARK_REMOTE``), stopped
+    with ``stack`` when the demo started it; on the vLLM engine's CPUs at a lower
+    priority (:data:`SPARK_NICENESS`) when the demo owns its process."""
+    from spark_ext.session import session_scope
+
+    niceness = SPARK_NICENESS if _pin_spark_cpus(stack, opts.engine) \
+        and opts.owns_process else 0
+    if niceness:
+        print(f"Spark at nice +{niceness}: the engine's scheduler comes first on its CPUs",
+              flush=True)
+    remote = os.environ.get("SPARK_REMOTE")
+    with demo_step(f"Connecting to Spark Connect at {remote}" if remote
+                   else "Starting Spark (local[2])", log,
+                   expect="a few seconds" if remote else "10-20 s"):
+        return _in_thread_at_niceness(
+            lambda: stack.enter_context(session_scope("sts-demo")), niceness)
 
 
 def sized(opts: DemoOptions, client) -> tuple[DemoOptions, DemoSizing | None]:
@@ -651,7 +664,9 @@ def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path, *,
 
         fast_path = prepare_fast_path(out)
         source["schema"] = DEMO_SCHEMA
-    return PipelineConfig.from_dict({
+    from sts_harness.support_app import support_sections
+
+    return PipelineConfig.from_dict(support_sections({
         **fast_path,
         **kafka,
         "source": source,
@@ -663,7 +678,7 @@ def demo_config(opts: DemoOptions, out: Path, target: str, token_file: Path, *,
         "output": {"out_dir": str(out / "tables"),
                    "checkpoint_dir": str(out / "checkpoints"), "writer": opts.resolved_writer()},
         "rollout": {"mode": opts.rollout, "canary_share": opts.canary_share},
-    })
+    }))
 
 
 def warm_up_samples(samples: list[dict], n: int) -> list[dict]:

@@ -85,7 +85,10 @@ class ValidateOptions:
 def _config(opts: ValidateOptions):  # -> PipelineConfig
     from spark_ext.config import PipelineConfig
 
-    config = PipelineConfig.from_yaml(opts.config) if opts.config else PipelineConfig()
+    from sts_harness.support_app import support_sections
+
+    config = (PipelineConfig.from_yaml(opts.config) if opts.config
+              else PipelineConfig.from_dict(support_sections({})))
     if opts.key_columns:
         config.tagging.key_columns = list(opts.key_columns)
     elif opts.input is None:  # the shipped samples are keyed by ticket_id

@@ -65,7 +65,7 @@ PRIORITIES = ("high", "normal", "low")
 WRITE_COLUMN = "write"
 
 #: Temporary column names used while the request columns are built.
-_PRIORITY, _ENQUEUE = "_sts_priority", "_sts_enqueue_ts"
+_PRIORITY, _ENQUEUE, _TRACE_ID = "_sts_priority", "_sts_enqueue_ts", "_sts_trace_id"
 
 #: Columns a request carries besides the user's own (those :meth:`LlmInference.requests` adds).
 REQUEST_COLUMNS: tuple[str, ...] = (
@@ -133,7 +133,8 @@ class LlmInference:
             (a request's own ``fallback_text`` wins; then the sidecar pool's).
         sidecar: The sidecar's address (``host:port`` or ``unix:///path.sock``).
         results_dir: With the ``files`` channel, the folder the sidecar writes results
-            to (its ``results.dir``); the acks go to ``<results_dir>/acks/<namespace>``.
+            to (its ``results.results_dir``); the acks go to
+            ``<results_dir>/acks/<namespace>``.
         result_channel: ``files`` or ``kafka`` (results on ``llm.result.{priority}``,
             acks on ``llm.acks``; needs ``kafka_bootstrap_servers``).
         kafka_bootstrap_servers: The Kafka cluster of the ``kafka`` channel.
@@ -322,32 +323,11 @@ class LlmInference:
             raise PipelineConfigError("requests: give one of prompt (a Column) or template")
         if isinstance(template, str):
             template = PromptTemplate.from_string(template)
-        tagging = TaggingConfig(**{**vars(self.config.tagging), "trace_id": None,
-                                   "traceparent": traceparent, "max_tokens_column": None})
-        if isinstance(priority, SparkColumn):
-            df, tagging.priority = df.withColumn(_PRIORITY, priority), _PRIORITY
-        elif priority not in df.columns and str(priority).lower() in PRIORITIES:
-            tagging.priority = f"'{str(priority).lower()}'"
-        else:  # a column's name, or a SQL expression over the columns
-            tagging.priority = priority
-        if sla_ms is not None:
-            tagging.sla_ms = ({p: int(sla_ms) for p in PRIORITIES} if isinstance(sla_ms, int)
-                              else {**tagging.sla_ms, **dict(sla_ms)})
-        if enqueue_ts is None:
-            tagging.event_time_ms = None
-        elif isinstance(enqueue_ts, SparkColumn):
-            df, tagging.event_time_ms = df.withColumn(_ENQUEUE, enqueue_ts), _ENQUEUE
-        else:
-            tagging.event_time_ms = enqueue_ts
-        if isinstance(max_tokens, int):
-            tagging.max_tokens = max_tokens
-        elif isinstance(max_tokens, str):  # a column's budgets, clamped to 1..the cap
-            tagging.max_tokens, tagging.max_tokens_column = max_tokens_cap, max_tokens
+        df, tagging = self._tagging(df, priority=priority, sla_ms=sla_ms,
+                                    enqueue_ts=enqueue_ts, max_tokens=max_tokens,
+                                    max_tokens_cap=max_tokens_cap, trace_id=trace_id,
+                                    traceparent=traceparent)
         tagging.model, tagging.temperature = model, temperature
-        if isinstance(trace_id, SparkColumn):
-            df, tagging.trace_id = df.withColumn("_sts_trace_id", trace_id), "_sts_trace_id"
-        else:
-            tagging.trace_id = trace_id
         needs = tuple(template.fields) if template is not None else ()
         out = tag_requests(df, tagging, needs=needs, namespace=self.namespace)
         if deadline_ts is not None:
@@ -366,8 +346,42 @@ class LlmInference:
 
             out = out.withColumn(REQUEST_FALLBACK, (F.lit(fallback_text) if isinstance(
                 fallback_text, str) else fallback_text).cast("string"))
-        return out.drop(*[c for c in (_PRIORITY, _ENQUEUE, "_sts_trace_id")
+        return out.drop(*[c for c in (_PRIORITY, _ENQUEUE, _TRACE_ID)
                           if c in out.columns])
+
+    def _tagging(self, df: DataFrame, *, priority: Column | str,
+                 sla_ms: int | Mapping[str, int] | None, enqueue_ts: Column | str | None,
+                 max_tokens: int | str | Column, max_tokens_cap: int,
+                 trace_id: Column | str | None, traceparent: str | None
+                 ) -> tuple[DataFrame, TaggingConfig]:
+        """The tagging settings of :meth:`requests`' arguments (a Column argument becomes a
+        temporary column of ``df``, dropped after)."""
+        from pyspark.sql import Column as SparkColumn
+
+        tagging = TaggingConfig(**{**vars(self.config.tagging), "trace_id": None,
+                                   "traceparent": traceparent, "max_tokens_column": None})
+        if isinstance(priority, SparkColumn):
+            df, tagging.priority = df.withColumn(_PRIORITY, priority), _PRIORITY
+        elif priority not in df.columns and str(priority).lower() in PRIORITIES:
+            tagging.priority = f"'{str(priority).lower()}'"
+        else:  # a column's name, or a SQL expression over the columns
+            tagging.priority = priority
+        if sla_ms is not None:
+            tagging.sla_ms = ({p: int(sla_ms) for p in PRIORITIES} if isinstance(sla_ms, int)
+                              else {**tagging.sla_ms, **dict(sla_ms)})
+        if isinstance(enqueue_ts, SparkColumn):
+            df, tagging.event_time_ms = df.withColumn(_ENQUEUE, enqueue_ts), _ENQUEUE
+        else:  # a column's name or a SQL expression; None: the micro-batch's start
+            tagging.event_time_ms = enqueue_ts
+        if isinstance(max_tokens, int):
+            tagging.max_tokens = max_tokens
+        elif isinstance(max_tokens, str):  # a column's budgets, clamped to 1..the cap
+            tagging.max_tokens, tagging.max_tokens_column = max_tokens_cap, max_tokens
+        if isinstance(trace_id, SparkColumn):
+            df, tagging.trace_id = df.withColumn(_TRACE_ID, trace_id), _TRACE_ID
+        else:
+            tagging.trace_id = trace_id
+        return df, tagging
 
     # ------------------------------------------------------------------ submit
 
@@ -743,8 +757,9 @@ class DeltaAnswersWriter:
     Example:
         >>> import pickle
         >>> write = llm.delta_writer(str(tmp / "answers"))
-        >>> type(pickle.loads(pickle.dumps(write))).__name__, write.app_id.startswith("sts-answers-")
-        ('DeltaAnswersWriter', True)
+        >>> copy = pickle.loads(pickle.dumps(write))
+        >>> type(copy).__name__, copy.app_id == write.app_id, write.app_id[:12]
+        ('DeltaAnswersWriter', True, 'sts-answers-')
 
     Args:
         tables: Who writes the table (:mod:`spark_ext.l4.writers`).
@@ -785,4 +800,5 @@ class DeltaAnswersWriter:
             frames.release()
 
 
-__all__ = ["ClockHints", "DeltaAnswersWriter", "InferenceQueries", "LlmInference", "query_namespace"]
+__all__ = ["ClockHints", "DeltaAnswersWriter", "InferenceQueries", "LlmInference",
+           "query_namespace"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -216,104 +216,133 @@ def ledger_step(state: LedgerState, candidates: pa.Table, *, now: int,
         >>> out.num_rows
         0
     """
-    schema = candidates.schema
-    n = candidates.num_rows
-    kinds = candidates.column("_kind").to_pylist() if n else []
-    keys = _keys(candidates).to_pylist() if n else []
-    sources = candidates.column("answer_source").to_pylist() if n else []
-    tables = candidates.column("_table").to_pylist() if n else []
-    expires = candidates.column("_expire_ts").to_pylist() if n else []
-    enqueued = candidates.column("enqueue_ts").to_pylist() if n else []
+    keys = _keys(candidates).to_pylist() if candidates.num_rows else []
+    known = _known(state, keys)
+    decided = _decide(candidates, keys, known, now=now, merge_before=merge_before)
+    parts = []
+    if decided.out_index:
+        parts.append(_with_kind(candidates.take(decided.out_index), decided.out_kind))
+    if decided.backfill_index:
+        rows = _as_backfill(candidates.take(decided.backfill_index), now)
+        parts.append(_with_kind(rows, [MERGE] * rows.num_rows))
+    # Watched requests: still open ones (not answered now) and new ones; give the due.
+    still_open = state.open
+    if decided.closed and still_open.num_rows:
+        still_open = still_open.filter(pc.invert(pc.is_in(
+            _keys(still_open), value_set=pa.array(list(decided.closed), pa.string()))))
+    if new_open := [i for i in decided.new_open if keys[i] not in decided.closed]:
+        still_open = pa.concat_tables([still_open, candidates.take(new_open)])
+    given, still_open = _give_due(still_open, now=now, merge_before=merge_before)
+    if given is not None:
+        parts.append(given)
+        for key, exp in zip(_keys(given).to_pylist(), given.column("_expire_ts").to_pylist()):
+            decided.remembered[key] = ("fallback", exp if exp is not None else now)
+    answered = _remember(state.answered, decided.remembered, now=now)
+    out = pa.concat_tables(parts) if parts else candidates.schema.empty_table()
+    return out, LedgerState(answered, still_open, state.held)
 
-    answered_keys = state.answered.column("key")
-    open_keys = _keys(state.open)
-    known = {}
-    if n:
-        lookup = pa.array(keys, pa.string())
-        ans_at = pc.index_in(lookup, value_set=answered_keys).to_pylist()
-        open_at = pc.index_in(lookup, value_set=open_keys).to_pylist()
-        ans_sources = state.answered.column("source")
-        for key, a, o in zip(keys, ans_at, open_at):
-            if key in known:
-                continue
+
+def _known(state: LedgerState, keys: list[str]) -> dict[str, str | None]:
+    """What the bucket knows of each key: ``open`` (watched), how it was answered (its
+    source), or nothing (``None``)."""
+    known: dict[str, str | None] = {}
+    if not keys:
+        return known
+    lookup = pa.array(keys, pa.string())
+    ans_at = pc.index_in(lookup, value_set=state.answered.column("key")).to_pylist()
+    open_at = pc.index_in(lookup, value_set=_keys(state.open)).to_pylist()
+    ans_sources = state.answered.column("source")
+    for key, a, o in zip(keys, ans_at, open_at):
+        if key not in known:
             known[key] = "open" if o is not None else (
                 ans_sources[a].as_py() if a is not None else None)
+    return known
 
-    out_index: list[int] = []
-    out_kind: list[str] = []
-    backfill_index: list[int] = []
-    new_open: list[int] = []
-    closed: set[str] = set()
-    remembered: dict[str, tuple[str, int]] = {}
+
+@dataclass
+class _Decisions:
+    """What :func:`_decide` made of one micro-batch's candidates (row indexes)."""
+
+    out_index: list[int] = field(default_factory=list)
+    out_kind: list[str] = field(default_factory=list)
+    backfill_index: list[int] = field(default_factory=list)
+    new_open: list[int] = field(default_factory=list)
+    closed: set[str] = field(default_factory=set)
+    remembered: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+def _decide(candidates: pa.Table, keys: list[str], known: dict[str, str | None], *,
+            now: int, merge_before: int) -> _Decisions:
+    """One pass over the candidates in arrival order (``known`` is updated as it goes):
+    records through (once for :data:`ONCE_RECORDS`), a watch opened unless answered,
+    the first answer out (a merge when stale), a model's answer after the fallback as
+    its backfill, any repeat dropped."""
+    n = candidates.num_rows
+    column = (lambda name: candidates.column(name).to_pylist()) if n else (lambda name: [])
+    kinds, sources, tables = column("_kind"), column("answer_source"), column("_table")
+    expires, enqueued = column("_expire_ts"), column("enqueue_ts")
+    d = _Decisions()
     for i in range(n):
-        kind = kinds[i]
+        kind, key = kinds[i], keys[i]
         if kind == RECORD:
             if tables[i] in ONCE_RECORDS:  # a replayed ack brings its record again
-                if known.get(keys[i]) is not None:
+                if known.get(key) is not None:
                     continue
-                known[keys[i]] = "recorded"
-                remembered[keys[i]] = ("recorded", expires[i] if expires[i] is not None
-                                       else now)
-            out_index.append(i)
-            out_kind.append(RECORD)
+                known[key] = "recorded"
+                d.remembered[key] = ("recorded", expires[i] if expires[i] is not None else now)
+            d.out_index.append(i)
+            d.out_kind.append(RECORD)
             continue
-        if kind not in (ANSWER, WATCH):
-            continue
-        key, status = keys[i], known.get(keys[i])
-        stale = expires[i] is None or expires[i] <= now or (
-            enqueued[i] is not None and enqueued[i] < merge_before)
+        status = known.get(key)
         if kind == WATCH:
             if status is None:  # an answer that came first wins; a repeated ack is one
-                new_open.append(i)
+                d.new_open.append(i)
                 known[key] = "open"
             continue
+        if kind != ANSWER:
+            continue
+        stale = expires[i] is None or expires[i] <= now or (
+            enqueued[i] is not None and enqueued[i] < merge_before)
         source = sources[i]
         if status is None or status == "open":
-            out_index.append(i)
-            out_kind.append(MERGE if stale else APPEND)
+            d.out_index.append(i)
+            d.out_kind.append(MERGE if stale else APPEND)
             if status == "open":
-                closed.add(key)
-        elif (status == "fallback" and source == "llm" and tables[i] == ANSWERS):
-            backfill_index.append(i)
+                d.closed.add(key)
+        elif status == "fallback" and source == "llm" and tables[i] == ANSWERS:
+            d.backfill_index.append(i)
             source = "backfill"
         else:
             continue  # answered already: a repeat
         known[key] = source
-        remembered[key] = (source, expires[i] if expires[i] is not None else now)
+        d.remembered[key] = (source, expires[i] if expires[i] is not None else now)
+    return d
 
-    parts = []
-    if out_index:
-        parts.append(_with_kind(candidates.take(out_index), out_kind))
-    if backfill_index:
-        rows = _as_backfill(candidates.take(backfill_index), now)
-        parts.append(_with_kind(rows, [MERGE] * rows.num_rows))
 
-    # Watched requests: still open ones (not answered now) and new ones; give the due.
-    still_open = state.open
-    if closed and still_open.num_rows:
-        still_open = still_open.filter(pc.invert(pc.is_in(
-            open_keys, value_set=pa.array(list(closed), pa.string()))))
-    if new_open := [i for i in new_open if keys[i] not in closed]:
-        still_open = pa.concat_tables([still_open, candidates.take(new_open)])
-    due = pc.fill_null(pc.less_equal(still_open.column("_due_ts"), now), True) \
-        if still_open.num_rows else pa.array([], pa.bool_())
-    if still_open.num_rows and pc.any(due).as_py():
-        given = _answered_at(still_open.filter(due), now)
-        stale = pc.or_(pc.fill_null(pc.less_equal(given.column("_expire_ts"), now), True),
-                       pc.fill_null(pc.less(given.column("enqueue_ts"), merge_before), False))
-        parts.append(_with_kind(given, [MERGE if s else APPEND
-                                        for s in stale.to_pylist()]))
-        for key, exp in zip(_keys(given).to_pylist(), given.column("_expire_ts").to_pylist()):
-            remembered[key] = ("fallback", exp if exp is not None else now)
-        still_open = still_open.filter(pc.invert(due))
+def _give_due(still_open: pa.Table, *, now: int, merge_before: int
+              ) -> tuple[pa.Table | None, pa.Table]:
+    """The fallbacks of the watched requests due by ``now`` (a merge when stale), and
+    those still open."""
+    if not still_open.num_rows:
+        return None, still_open
+    due = pc.fill_null(pc.less_equal(still_open.column("_due_ts"), now), True)
+    if not pc.any(due).as_py():
+        return None, still_open
+    given = _answered_at(still_open.filter(due), now)
+    stale = pc.or_(pc.fill_null(pc.less_equal(given.column("_expire_ts"), now), True),
+                   pc.fill_null(pc.less(given.column("enqueue_ts"), merge_before), False))
+    return (_with_kind(given, [MERGE if s else APPEND for s in stale.to_pylist()]),
+            still_open.filter(pc.invert(due)))
 
-    # Answered requests: forget the expired, update the ones decided now.
-    answered = state.answered
+
+def _remember(answered: pa.Table, remembered: dict[str, tuple[str, int]], *, now: int
+              ) -> pa.Table:
+    """The answered requests: the expired forgotten, those decided now updated."""
     if answered.num_rows:
         keep = pc.greater(answered.column("expire_ts"), now)
         if remembered:
             keep = pc.and_(keep, pc.invert(pc.is_in(
-                answered_keys, value_set=pa.array(list(remembered), pa.string()))))
+                answered.column("key"), value_set=pa.array(list(remembered), pa.string()))))
         answered = answered.filter(keep)
     fresh = [(k, s, e) for k, (s, e) in remembered.items() if e > now]
     if fresh:
@@ -321,9 +350,7 @@ def ledger_step(state: LedgerState, candidates: pa.Table, *, now: int,
             [pa.array([f[0] for f in fresh], pa.string()),
              pa.array([f[1] for f in fresh], pa.string()),
              pa.array([f[2] for f in fresh], pa.int64())], schema=ANSWERED_SCHEMA)])
-
-    out = pa.concat_tables(parts) if parts else schema.empty_table()
-    return out, LedgerState(answered, still_open, state.held)
+    return answered
 
 
 #: Most records a bucket holds between flushes (then it flushes at once).

@@ -41,6 +41,22 @@ def _events(spark, rows: list[tuple[str, str, str]]):
     return spark.createDataFrame(rows, "id string, text string, p string")
 
 
+def _landed(spark, folder: Path, prefix: str, n: int, priority: str):
+    """``n`` events (ids ``<prefix>-<i>``) in a landing folder, read as a stream."""
+    folder.mkdir()
+    (folder / "e.json").write_text("".join(
+        f'{{"id": "{prefix}-{i}", "text": "question {i}", "p": "{priority}"}}\n'
+        for i in range(n)))
+    return spark.readStream.schema("id string, text string, p string").json(str(folder))
+
+
+def _inference(spark, tmp: Path, target: str, **kwargs) -> LlmInference:
+    """A user's ``LlmInference`` on key ``id`` with its checkpoints and results in ``tmp``."""
+    return LlmInference(spark, key="id", checkpoint_location=str(tmp / "chk"), sidecar=target,
+                        results_dir=str(tmp / "results"), **{"fallback_text": "Later.",
+                                                             "grace_ms": 1000, **kwargs})
+
+
 def _collect(rows: list, into: list):
     """A user's own ``foreachBatch`` sink: the answer rows, kept in a list."""
     def sink(batch, batch_id: int) -> None:
@@ -148,17 +164,13 @@ def test_two_queries_over_the_same_keys_each_get_their_own_model_answers(
     """Two jobs (and the first again on a new checkpoint) submit the same keys to one
     sidecar with one results folder: each gets the model's answers, none a fallback
     from the sidecar's de-duplication, and none another's acks."""
-    rows = [(f"k-{i}", f"question {i}", "normal") for i in range(5)]
+    keys = [f"k-{i}" for i in range(5)]
 
     def run(name: str, checkpoint: Path, target: str) -> list[dict]:
         llm = LlmInference(spark, key="id", checkpoint_location=str(checkpoint),
                            sidecar=target, results_dir=str(tmp_path / "results"),
                            fallback_text=f"fallback of {name}", grace_ms=1000)
-        landing = tmp_path / f"events-{name}"
-        landing.mkdir()
-        (landing / "e.json").write_text("".join(
-            f'{{"id": "{k}", "text": "{t}", "p": "{p}"}}\n' for k, t, p in rows))
-        events = spark.readStream.schema("id string, text string, p string").json(str(landing))
+        events = _landed(spark, tmp_path / f"events-{name}", "k", len(keys), "normal")
         got: list[dict] = []
         queries = llm.start(llm.requests(events, template=TEMPLATE, priority="p",
                                          max_tokens=4, sla_ms=30_000),
@@ -178,7 +190,7 @@ def test_two_queries_over_the_same_keys_each_get_their_own_model_answers(
         shutil.rmtree(tmp_path / "chk-one")  # the same job on a new checkpoint
         again = run("again", tmp_path / "chk-one", sidecar.target)
     for got in (one, two, again):
-        assert sorted(r["id"] for r in got) == [k for k, _, _ in rows], got
+        assert sorted(r["id"] for r in got) == keys, got
         assert {r["answer_source"] for r in got} == {"llm"}, got
     ids = [{r["request_id"] for r in got} for got in (one, two, again)]
     assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
@@ -267,14 +279,8 @@ def test_the_same_job_on_spark_connect(spark_connect, tmp_path: Path) -> None:
     ``foreachBatch`` in the server's Python process; every event answered once."""
     spark = spark_connect
     with _sidecar(tmp_path, "connect") as sidecar:
-        llm = LlmInference(spark, key="id", checkpoint_location=str(tmp_path / "chk"),
-                           sidecar=sidecar.target, results_dir=str(tmp_path / "results"),
-                           fallback_text="Please try again later.", grace_ms=1000)
-        landing = tmp_path / "events"
-        landing.mkdir()
-        (landing / "e.json").write_text("".join(
-            f'{{"id": "c-{i}", "text": "question {i}", "p": "high"}}\n' for i in range(6)))
-        events = spark.readStream.schema("id string, text string, p string").json(str(landing))
+        llm = _inference(spark, tmp_path, sidecar.target)
+        events = _landed(spark, tmp_path / "events", "c", 6, "high")
         table = f"sts_api_connect_{uuid.uuid4().hex[:8]}"
         queries = llm.start(llm.requests(events, template=TEMPLATE, priority="p",
                                          max_tokens=8, sla_ms=60_000),
@@ -291,3 +297,42 @@ def test_the_same_job_on_spark_connect(spark_connect, tmp_path: Path) -> None:
             spark.sql(f"DROP TABLE IF EXISTS {table}")
     assert sorted(r["id"] for r in rows) == [f"c-{i}" for i in range(6)], rows
     assert {r["answer_source"] for r in rows} == {"llm"}, rows
+
+
+def test_the_answers_go_to_a_kafka_topic(spark, kafka_broker, tmp_path: Path) -> None:
+    """The answers through the user's own Kafka sink (``answers_writer``): one record per
+    event, keyed by the event's key, the answer row as JSON."""
+    import json
+
+    from confluent_kafka import Consumer
+
+    topic = f"answers-{uuid.uuid4().hex[:8]}"
+    bootstrap = kafka_broker.bootstrap_servers
+    with _sidecar(tmp_path, "to-kafka") as sidecar:
+        llm = _inference(spark, tmp_path, sidecar.target)
+        events = _landed(spark, tmp_path / "events", "k", 5, "normal")
+        queries = llm.start(
+            llm.requests(events, template=TEMPLATE, priority="p", max_tokens=4, sla_ms=30_000),
+            answers_writer=lambda a: a.select(
+                F.col("id").alias("key"), F.to_json(F.struct("*")).alias("value"))
+            .writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", topic))
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic,
+                             "auto.offset.reset": "earliest"})
+        consumer.subscribe([topic])
+        got: dict[str, list[dict]] = {}
+        try:
+            def five() -> bool:
+                for q in queries[:2]:
+                    assert q.exception() is None, q.exception()
+                while (msg := consumer.poll(0.5)) is not None:
+                    if msg.error() is None:
+                        got.setdefault(msg.key().decode(), []).append(json.loads(msg.value()))
+                return len(got) >= 5
+            wait_until(five, 120, interval_s=0.2, what="five answers on the topic")
+        finally:
+            queries.stop()
+            consumer.close()
+    assert sorted(got) == [f"k-{i}" for i in range(5)], got
+    assert all(len(v) == 1 and v[0]["answer_source"] == "llm" and v[0]["write"] == "append"
+               for v in got.values()), got

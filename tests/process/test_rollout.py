@@ -33,7 +33,7 @@ def _config(tmp: Path, endpoint: str, results_dir: str, **sections) -> PipelineC
     data = {"source": {"path": str(tmp / "events")},
             "tagging": {"event_time_ms": None, "max_tokens": 8, "sla_ms": SLA},
             "sidecar": {"endpoint": endpoint, "results_dir": results_dir, "timeout_s": 3.0},
-            "answers": {"grace_ms": 1000},
+            "answers": {"grace_ms": 1000, "fallback_text": RULE},
             "output": {"out_dir": str(tmp / "out"), "checkpoint_dir": str(tmp / "ckpt"),
                        "writer": "deltalake"}}
     for name, values in sections.items():
