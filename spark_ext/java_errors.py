@@ -9,8 +9,8 @@ calling.+(\\r\\n|\\r|\\n): <InterruptedException ...>``), and on a text that lon
 regex engine recurses until ``java.lang.StackOverflowError`` (measured on Spark 4.2: in
 one stop of three), which the stream thread prints. :func:`short_java_errors` re-raises
 such an error as :class:`ShortJavaError`: the same first lines (the call, the Java
-exception's own line), under the same name, so Spark still reads a stop as a stop and a
-failure as a failure, without the stack.
+exception's own line, or the interruption in its cause chain), under the same name, so
+Spark reads a stop as a stop and a failure as a failure, without the stack.
 """
 
 from __future__ import annotations
@@ -45,10 +45,26 @@ ShortJavaError.__module__ = "py4j.protocol"
 ShortJavaError.__qualname__ = ShortJavaError.__name__ = "Py4JJavaError"
 
 
+#: The Java exceptions Spark reads as "the query was stopped" (its IO_EXCEPTION_NAMES).
+INTERRUPTIONS = frozenset({"java.lang.InterruptedException",
+                           "java.io.InterruptedIOException",
+                           "java.nio.channels.ClosedByInterruptException"})
+
+
 def _java_line(error: BaseException) -> str:
-    """The Java exception's own line (``Class: message``), or ``unknown``."""
+    """The Java exception's own line (``Class: message``), or, when a cause in its chain
+    is an interruption (a stop cancelled the batch), that cause's line: what Spark looks
+    for; ``unknown`` when the JVM does not answer."""
     try:
-        return str(error.java_exception.toString()).splitlines()[0]  # type: ignore[attr-defined]
+        throwable = error.java_exception  # type: ignore[attr-defined]
+        first = str(throwable.toString()).splitlines()[0]
+        for _ in range(16):  # the cause chain, as deep as a Spark job's goes
+            if throwable is None:
+                break
+            if throwable.getClass().getName() in INTERRUPTIONS:
+                return str(throwable.toString()).splitlines()[0]
+            throwable = throwable.getCause()
+        return first
     except Exception:  # noqa: BLE001 - a JVM going away answers nothing
         return "unknown"
 

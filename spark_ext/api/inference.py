@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from spark_ext.config import OutputConfig, PipelineConfig, TaggingConfig
 from spark_ext.exceptions import PipelineConfigError
@@ -87,8 +87,9 @@ def query_namespace(checkpoint_location: str, run_id: str) -> str:
     return hashlib.sha1(f"{checkpoint_location}|{run_id}".encode()).hexdigest()[:12]
 
 
-class InferenceQueries(NamedTuple):
-    """The two queries of :meth:`LlmInference.start`.
+@dataclass(frozen=True)
+class InferenceQueries:
+    """The two queries of :meth:`LlmInference.start` (iterating gives both).
 
     Example:
         >>> queries = llm.start(llm.requests(spark.readStream.format("rate").load()
@@ -106,8 +107,11 @@ class InferenceQueries(NamedTuple):
     """Events -> requests -> the sidecar (writes no table)."""
     answers: StreamingQuery
     """Results + acks + a clock -> one answer per request -> your sink."""
-    inference: "LlmInference"
+    inference: "LlmInference" = field(repr=False)
     """Who started them (closed by :meth:`stop`)."""
+
+    def __iter__(self) -> Iterator[StreamingQuery]:
+        return iter((self.submit, self.answers))
 
     def stop(self) -> None:
         """Stop both (the submit query first), then :meth:`LlmInference.close`."""
@@ -590,6 +594,61 @@ class LlmInference:
             answers_path=table if by_path else "")
         tables = choose_writer(self.spark, output, tuple(self.key_columns))
         return DeltaAnswersWriter(tables, app_id=f"sts-answers-{self._answers_run().id}")
+
+    def answer_batch(self, requests: DataFrame, *, timeout_s: float | None = None
+                     ) -> DataFrame:
+        """A batch job's answers: submit every row of a static ``requests`` DataFrame,
+        then run the answers query until each request has its answer (at the latest until
+        the last deadline plus the grace has passed and the safety net answered it), and
+        return the answers as a static DataFrame (the answer columns; one row per
+        request). The answers query keeps its checkpoint (:meth:`checkpoint`
+        ``"answers"``), so a second call goes on from the first.
+
+        Args:
+            requests: The rows of :meth:`requests` over a static DataFrame.
+            timeout_s: Stop waiting after this long (default: the last deadline, plus
+                the grace, plus two clock ticks and a minute).
+
+        Raises:
+            PipelineConfigError: ``requests`` is a stream (use :meth:`start`).
+        """
+        import time
+
+        from pyspark.sql import functions as F
+
+        from spark_ext.l4.answers import answer_schema
+        from spark_ext.schemas import spark_schema
+
+        if requests.isStreaming:
+            raise PipelineConfigError("answer_batch: the requests are a stream; use start()")
+        self._answers_run()  # its run begins before these requests: they are its own
+        acks = self.submit(requests).toArrow()  # submitted now; the acks go to the channel
+        ids = set(acks.column("request_id").to_pylist())
+        last_deadline = max(acks.column("deadline_ts").to_pylist(), default=0) or 0
+        grace_ms = self.config.answers.grace_ms
+        wait_s = (timeout_s if timeout_s is not None else
+                  max(0.0, last_deadline + grace_ms - time.time() * 1000) / 1000
+                  + 2 * (self.tick_interval_ms or 0) / 1000 + 60)
+        name = f"sts_batch_{self.namespace}"
+        query = (self.answers().writeStream.format("memory").queryName(name)
+                 .outputMode("update").option("checkpointLocation", self.checkpoint("answers"))
+                 .start())
+        try:
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if query.exception() is not None:
+                    raise query.exception()
+                got = {r[0] for r in self.spark.table(name).select("request_id").collect()}
+                if ids <= got:
+                    break
+                time.sleep(0.5)
+            rows = self.spark.table(name).where(F.col(WRITE_COLUMN) == "append").toArrow()
+        finally:
+            query.stop()
+            self.close()
+        schema = spark_schema(answer_schema(self.key_columns))
+        return self.spark.createDataFrame(rows.select(schema.fieldNames()).to_pandas(),
+                                          schema)
 
     # ------------------------------------------------------------------ both queries
 

@@ -29,8 +29,9 @@ def main(target: str, results_dir: str, work_dir: str, rounds: int) -> int:
         # stopped while its micro-batches run (the answers' writes among them)
         queries.answers.awaitTermination(3)
         queries.stop()
-        failed = [q.name for q in queries[:2] if q.exception() is not None]
-        print(f"stop {i}: {'failed ' + ','.join(failed) if failed else 'clean'}", flush=True)
+        failed = [f"{q.name} ({str(q.exception()).splitlines()[0][:200]})" for q in queries
+                  if q.exception() is not None]
+        print(f"stop {i}: {'failed ' + ', '.join(failed) if failed else 'clean'}", flush=True)
     spark.stop()
     return 0
 

@@ -53,15 +53,6 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
                     "--no-build-isolation", "-w", str(dist), str(REPO)], check=True, timeout=180)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     wheel = next(dist.glob("sts_spark-*.whl"))
-    # Only spark_ext, sidecar and sts_-prefixed packages (no top-level benchmarks).
-    import zipfile
-
-    with zipfile.ZipFile(wheel) as whl:
-        record = next(n for n in whl.namelist() if n.endswith(".dist-info/RECORD"))
-        tops = {line.split(",")[0].split("/")[0] for line in
-                whl.read(record).decode().splitlines() if line}
-    assert {t for t in tops if not t.startswith("sts_spark-")} == {
-        "sidecar", "spark_ext", "sts_harness"}, tops
     # Without PYTHONPATH: a checkout on it (its sts_spark.egg-info) looks installed to pip.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True,

@@ -44,10 +44,10 @@ def _config(tmp: Path, endpoint: str, *, writer: str, ckpt: str = "ckpt",
     return PipelineConfig.from_dict(data)
 
 
-def _write_events(tmp: Path, prefix: str, n: int) -> set[str]:
+def _write_events(tmp: Path, prefix: str, n: int, folder: str = "events") -> set[str]:
     events = [{"event_id": f"{prefix}-{i}", "text": f"Where is my order {i}?",
                "priority": PRIORITY_NAMES[i % 3], "event_ts": 0} for i in range(n)]
-    write_text_atomically(tmp / "events" / f"{prefix}.json",
+    write_text_atomically(tmp / folder / f"{prefix}.json",
                           "".join(json.dumps(e) + "\n" for e in events))
     return {e["event_id"] for e in events}
 
@@ -107,8 +107,9 @@ def test_delta_on_spark_answers_once_into_catalog_tables(spark, tmp_path: Path) 
 
 def test_each_writer_continues_and_reads_the_others_tables(spark, tmp_path: Path) -> None:
     """delta-rs writes the tables, then Delta on Spark continues them (same paths, new
-    checkpoints), and delta-rs reads every row back: no protocol or writer feature stands
-    in between (the tables hold no timestamp columns, no deletion vectors)."""
+    checkpoints, new events: a new checkpoint is a new query, whose requests are its
+    own), and delta-rs reads every row back: no protocol or writer feature stands in
+    between (the tables hold no timestamp columns, no deletion vectors)."""
     with _sidecar(tmp_path, "writers") as sidecar:
         first = StsPipeline(spark, _config(tmp_path, sidecar.target, writer="deltalake",
                                            ckpt="ckpt-rs"))
@@ -118,10 +119,11 @@ def test_each_writer_continues_and_reads_the_others_tables(spark, tmp_path: Path
         finally:
             first.stop()
         second = StsPipeline(spark, _config(tmp_path, sidecar.target, writer="spark",
-                                            ckpt="ckpt-spark"))
+                                            ckpt="ckpt-spark",
+                                            source={"path": str(tmp_path / "events-2")}))
         second.start()
         try:
-            after = _until(second, set(before) | _write_events(tmp_path, "sp", 4))
+            after = _until(second, set(before) | _write_events(tmp_path, "sp", 4, "events-2"))
             # Delta on Spark holds the records' rows for records_interval_s (10 s)
             wait_until(lambda: len(set(second.store.read("requests", ["request_id"])
                                        .column("request_id").to_pylist())) >= 8,
@@ -139,8 +141,6 @@ def test_each_writer_continues_and_reads_the_others_tables(spark, tmp_path: Path
     last = max(int(p.stem) for p in log.glob("*.json"))
     assert not (log / f"{last:020d}.crc").exists()  # the answers query writes no checksum
     requests = spark.read.format("delta").load(str(tmp_path / "tables" / "requests"))
-    # the new checkpoint read the landing folder's old files again: their requests were
-    # recorded twice (the sidecar acknowledged the repeats as duplicates), answered once
     assert requests.select("request_id").distinct().count() == 8
 
 
@@ -409,8 +409,10 @@ def test_a_checkpoint_reset_keeps_the_tables_and_skips_no_write(
             for query in ("submit", "answers"):
                 for part in ("offsets", "commits", "sources"):
                     shutil.rmtree(tmp_path / "ckpt" / query / part, ignore_errors=True)
-        # the first run's files are in the landing folder still: a new checkpoint reads
-        # them again, and each event keeps its one answer
+        # a new checkpoint is a new query (its requests are its own): the first run's
+        # files are moved out of the landing folder, as a reset that must not answer them
+        # again does (docs/tables.md)
+        shutil.move(tmp_path / "events", tmp_path / "events-read")
         second = StsPipeline(spark, config)
         second.start()
         try:
