@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 #: Where a query's run id is kept, inside its checkpoint.
 RUN_ID_NAME = "sts-run-id"
+#: Where the identity of the queries under a checkpoint folder is kept, inside it.
+NAMESPACE_NAME = "sts-namespace"
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,22 @@ def _run_id(spark: SparkSession, checkpoint: str) -> tuple[QueryRun, bool]:
                        "new batches write is skipped.", checkpoint, run.id, kept[0])
     storage.write_text(spark, marker, f"{run.id} {run.started_ms}")
     return run, True
+
+
+def checkpoint_namespace_id(spark: SparkSession, checkpoint_dir: str) -> str:
+    """The identity of the queries checkpointed under ``checkpoint_dir``: a random id kept
+    in ``<checkpoint_dir>/sts-namespace`` from their first start until the folder is
+    deleted (a new folder, or the same one deleted, is a new identity).
+
+    Unlike a query's run (:func:`query_run`), it survives a checkpoint without offsets: a
+    Real-Time Mode query writes its first offsets only when its first batch ends, so a
+    job killed before that has submitted requests from a checkpoint that has none, and
+    its restart must name them the same.
+    """
+    marker = join_uri(checkpoint_dir, NAMESPACE_NAME)
+    kept = (storage.read_text(spark, marker) or "").strip()
+    if kept:
+        return kept
+    new = uuid.uuid4().hex[:16]
+    storage.write_text(spark, marker, new)
+    return new

@@ -75,8 +75,8 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 
 
 def query_namespace(checkpoint_location: str, run_id: str) -> str:
-    """The identity of a query: its checkpoint's location and that checkpoint's run (a
-    new run when the checkpoint starts over), as 12 hex digits.
+    """The identity of a query: its checkpoint's location and the id kept in it (new when
+    the folder is made anew), as 12 hex digits.
 
     Example:
         >>> query_namespace("/chk/a", "r1") == query_namespace("/chk/a", "r1")
@@ -210,6 +210,7 @@ class LlmInference:
         self.config = config
         self.tick_interval_ms = tick_interval_ms
         self._submit_run = None
+        self._namespace: str | None = None
         self._channel = None
         self.ack_schema: StructType | None = None
         """The schema of :meth:`submit`'s acks (set by it; :meth:`answers` reads them)."""
@@ -232,13 +233,22 @@ class LlmInference:
 
     @property
     def namespace(self) -> str:
-        """The query's identity (12 hex digits): its checkpoint and the submit
-        checkpoint's run. Request ids, acks and results are this query's alone: the same
-        keys in another query, or after the checkpoint starts over, are other requests."""
-        from spark_ext.uris import resolve_local
+        """The query's identity (12 hex digits): its checkpoint folder and the id kept in it
+        from the first start until the folder is deleted
+        (:func:`~spark_ext.run_ids.checkpoint_namespace_id`). Request ids, acks and results
+        are this query's alone: the same keys in another query, or after its checkpoint
+        folder was deleted, are other requests."""
+        from spark_ext.run_ids import checkpoint_namespace_id
+        from spark_ext.uris import is_local_uri, local_path, resolve_local
 
-        return query_namespace(resolve_local(self.config.output.checkpoint_dir, Path.cwd()),
-                               self.submit_run.id)
+        if self._namespace is None:
+            checkpoint_dir = self.config.output.checkpoint_dir
+            if is_local_uri(checkpoint_dir):
+                local_path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            self._namespace = query_namespace(
+                resolve_local(checkpoint_dir, Path.cwd()),
+                checkpoint_namespace_id(self.spark, checkpoint_dir))
+        return self._namespace
 
     @property
     def channel(self) -> ChannelSide:

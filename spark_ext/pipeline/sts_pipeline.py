@@ -241,9 +241,9 @@ class StsPipeline:
 
     @property
     def pipeline_id(self) -> str:
-        """Tags this pipeline's requests, acks and results: its checkpoint and the submit
-        checkpoint's run (:attr:`LlmInference.namespace`), stable across restarts of the
-        same checkpoints, new when they start over."""
+        """Tags this pipeline's requests, acks and results: its checkpoint folder and the id
+        kept in it (:attr:`LlmInference.namespace`), stable across restarts, new when the
+        folder is deleted."""
         return self.inference.namespace
 
     @property
