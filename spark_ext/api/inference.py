@@ -507,12 +507,9 @@ class LlmInference:
 
         from spark_ext.l4.arrivals import SUBMIT_COLUMN, arrivals, ledger_input
         from spark_ext.l4.answers import answer_schema
-        from spark_ext.l4.buckets import MAX_BUCKETS, checkpoint_bucket_keys
         from spark_ext.l4.ledger import (ANSWERS, APPEND, MERGE, STATE_HOLD_MS, STATS,
                                          BucketLedger, ledger_schema)
-        from spark_ext.run_ids import is_new_checkpoint
         from spark_ext.schemas import spark_schema
-        from spark_ext.session import task_slots
         from spark_ext.sources.clock import SOURCE_NAME as CLOCK_SOURCE
         from spark_ext.sources.clock import register_clock_source
 
@@ -521,11 +518,8 @@ class LlmInference:
             raise PipelineConfigError("answers: call submit() first, or pass ack_schema "
                                       "(the acks' schema) when it ran in another process")
         config, spark = self.config, self.spark
-        checkpoint = self.checkpoint("answers")
         if bucket_keys is None:
-            bucket_keys = checkpoint_bucket_keys(
-                spark, checkpoint, new_run=is_new_checkpoint(spark, checkpoint),
-                partitions=max(1, min(MAX_BUCKETS, task_slots(spark))))
+            bucket_keys = self._buckets()
         register_clock_source(spark)
         clock = (spark.readStream.format(CLOCK_SOURCE).option("hintPath", self.hint_path())
                  .option("bucketIds", ",".join(map(str, bucket_keys))))
@@ -734,14 +728,18 @@ class LlmInference:
         return rows
 
     def _buckets(self) -> tuple[int, ...]:
+        """The ledger's bucket keys (:mod:`spark_ext.l4.buckets`): those the answers
+        checkpoint keeps, else one per task slot (at most 8); read once."""
         from spark_ext.l4.buckets import MAX_BUCKETS, checkpoint_bucket_keys
         from spark_ext.run_ids import is_new_checkpoint
         from spark_ext.session import task_slots
 
-        checkpoint = self.checkpoint("answers")
-        return checkpoint_bucket_keys(
-            self.spark, checkpoint, new_run=is_new_checkpoint(self.spark, checkpoint),
-            partitions=max(1, min(MAX_BUCKETS, task_slots(self.spark))))
+        if getattr(self, "_bucket_keys", None) is None:
+            checkpoint = self.checkpoint("answers")
+            self._bucket_keys = checkpoint_bucket_keys(
+                self.spark, checkpoint, new_run=is_new_checkpoint(self.spark, checkpoint),
+                partitions=max(1, min(MAX_BUCKETS, task_slots(self.spark))))
+        return self._bucket_keys
 
     def _started(self, writer: DataStreamWriter, query: str, seconds: float
                  ) -> StreamingQuery:

@@ -228,16 +228,30 @@ def invalid_results(results: pa.Table, check: Callable[[str | None], str | None]
     return out
 
 
-def reject_invalid(answers: list[dict], invalid: Mapping[str, str], fallback_text: str
-                   ) -> list[dict]:
+def request_fallbacks(results: pa.Table) -> dict[str, str | None]:
+    """Request id -> the request's own fallback text (its ``fallback_text`` attribute)."""
+    return {r["request_id"]: dict(r.get("attributes") or {}).get(REQUEST_FALLBACK)
+            for r in results.select(["request_id", "attributes"]).to_pylist()}
+
+
+def reject_invalid(answers: list[dict], invalid: Mapping[str, str], fallback_text: str,
+                   own: Mapping[str, str | None] | None = None) -> list[dict]:
     """``answers`` with every ``llm`` answer whose id is in ``invalid`` replaced by the
-    fallback (``status = invalid``, ``reason`` = the rule)."""
+    fallback (``status = invalid``, ``reason`` = the rule): the request's own text
+    (``own``: request id -> its ``fallback_text``) where it has one.
+
+    Example:
+        >>> rows = [{"request_id": "r1", "answer": "mail me at a@b.c", "answer_source": "llm"}]
+        >>> reject_invalid(rows, {"r1": "pii:email"}, "Later.", {"r1": "Ask again."})[0]["answer"]
+        'Ask again.'
+    """
     out = []
     for row in answers:
         rule = invalid.get(row["request_id"])
         if rule is not None and row["answer_source"] == "llm":
-            row = dict(row, answer=fallback_text, answer_source="fallback", status="invalid",
-                       reason=rule, fallback_text=fallback_text)
+            text = _fallback_text(None, fallback_text, (own or {}).get(row["request_id"]))
+            row = dict(row, answer=text, answer_source="fallback", status="invalid",
+                       reason=rule, fallback_text=text)
         out.append(row)
     return out
 

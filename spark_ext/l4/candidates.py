@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 from spark_ext.config import ValidationConfig
 from spark_ext.l4.answers import (REVIEW_SCHEMA, answers_for_lost, answers_from_refusals,
                                   answers_from_results, build_answers, fast_answers,
-                                  invalid_results, reject_invalid, review_rows)
+                                  invalid_results, reject_invalid, request_fallbacks,
+                                  review_rows)
 from spark_ext.l4.ledger import (ANSWER, ANSWERS, RECORD, SHADOW_ANSWERS, WATCH,
                                  ledger_schema)
 from spark_ext.l4.rollout import ARM_COLUMN, SHADOW_ATTRIBUTE, rollout_answers
@@ -126,9 +127,10 @@ def result_candidates(batches: Iterator[pa.RecordBatch], *, key_columns: tuple[s
             if name == SHADOW_ANSWERS:  # a shadow answer is never backfilled
                 rows = rows.filter(pc.invert(pc.fill_null(rows.column("late"), False)))
             invalid = invalid_results(rows, check)
+            own = request_fallbacks(rows) if invalid else None
             answers = reject_invalid(answers_from_results(rows, key_columns=keys,
                                                           fallback_text=fallback_text),
-                                     invalid, fallback_text)
+                                     invalid, fallback_text, own)
             texts = ({r: t for r, t, s in zip(rows.column("request_id").to_pylist(),
                                                rows.column("text").to_pylist(),
                                                rows.column("status").to_pylist()) if s == "ok"}
