@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.cli_args import DEFAULT_SCHEMES, KAFKA_SCHEMES, SCHEMES
 from benchmarks.generate import generate
-from benchmarks.profiles import TrafficProfile, load_profile
+from sts_capacity.profiles import TrafficProfile, load_profile
 from benchmarks.schemes import RTM_REQUESTS_TOPIC, KafkaPath, RunContext, run_scheme
 from sidecar import ConfigError, write_text_atomically
 from sts_harness.hops import format_hops

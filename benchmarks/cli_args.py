@@ -15,8 +15,6 @@ KAFKA_SCHEMES: tuple[str, ...] = ("sts-kafka", "sts-kafka-rtm")
 #: What ``sts bench`` runs without ``--schemes`` (the Kafka ones need a broker: name them).
 DEFAULT_SCHEMES: tuple[str, ...] = ("engine", "sts", "baseline-sync", "baseline-concurrent")
 
-DEFAULT_TOKENS_PER_S = 3400.0
-
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``sts bench``."""
@@ -56,30 +54,6 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="sts-kafka: kafka.results_reader, who reads the result and ack topics "
                         "(default: driver, one consumer on the driver; spark: Spark's Kafka "
                         "source)")
-
-
-def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``sts plan`` options to ``parser`` (returned for chaining)."""
-    parser.add_argument("--profile", required=True,
-                        help="traffic profile: a name in conf/profiles (e.g. seed-200qps) "
-                             "or a YAML path")
-    parser.add_argument("--tokens-per-s", type=float, default=DEFAULT_TOKENS_PER_S,
-                        help="output tokens/s one GPU sustains (default 3400: Llama-3.1-8B "
-                             "on one H100, vLLM, ~3,400 output tok/s; replace with your "
-                             "measured figure)")
-    parser.add_argument("--utilisation", type=float, default=0.7,
-                        help="target utilisation at peak, in (0, 1] (seed: 0.6-0.75; "
-                             "default 0.7)")
-    parser.add_argument("--peak-qps", type=float, default=None,
-                        help="plan for this peak instead of the profile's")
-    parser.add_argument("--api-price-out", type=float, default=None,
-                        help="API price, $ per million output tokens")
-    parser.add_argument("--api-price-in", type=float, default=None,
-                        help="API price, $ per million input tokens (default 0)")
-    parser.add_argument("--gpu-hour-price", type=float, default=None,
-                        help="$ per GPU-hour")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    return parser
 
 
 def positive_ints(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:

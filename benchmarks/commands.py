@@ -1,5 +1,6 @@
-"""The benchmarks' ``sts`` subcommands: ``bench`` and ``plan``. Registered through
-``sts.commands``; the benchmark modules are imported only when a command runs."""
+"""The benchmarks' ``sts`` subcommand: ``bench``. Registered through ``sts.commands`` in a
+source checkout (the benchmarks are not in the wheel; ``sts plan`` is
+:mod:`sts_capacity`'s); the benchmark modules are imported only when it runs."""
 
 from __future__ import annotations
 
@@ -10,15 +11,12 @@ from sidecar import ConfigError, one_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``sts bench`` and ``sts plan`` to the ``sts`` parser."""
-    from benchmarks.cli_args import add_bench_arguments, add_plan_arguments
+    """Add ``sts bench`` to the ``sts`` parser."""
+    from benchmarks.cli_args import add_bench_arguments
 
     bench = sub.add_parser("bench", help="STS vs the blocking foreachBatch baseline, or --knee")
     add_bench_arguments(bench)
     bench.set_defaults(func=_run_bench)
-    plan = sub.add_parser("plan", help="GPUs needed for a traffic profile (seed formula)")
-    add_plan_arguments(plan)
-    plan.set_defaults(func=_run_plan)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -35,14 +33,6 @@ def _run_bench(args: argparse.Namespace) -> int:
     except SparkStartError as e:
         print(f"sts: {e} (sts bench)", file=sys.stderr)
         return 1
-
-
-def _run_plan(args: argparse.Namespace) -> int:
-    try:
-        from benchmarks.plan import run_plan
-    except ImportError as e:
-        return _missing(e, "plan")
-    return run_plan(args)
 
 
 def _missing(e: ImportError, command: str) -> int:

@@ -42,7 +42,8 @@ def measure(ids: int, capacity: int) -> dict:
         ack = (Ack(rid, False, RefusalReason.QUEUE_FULL, "pool normal is full", received_ts=i,
                    fallback_text="fallback") if i % 10 == 0
                else Ack(rid, True, received_ts=i))
-        window.remember(ack, Priority.NORMAL)
+        # the request's fingerprint (a 16-bit hash of its prompt): one int per id
+        window.remember(ack, Priority.NORMAL, fingerprint=int(rid[:4], 16))
     elapsed = time.perf_counter() - started
     gc.collect()
     return {"ids": ids, "capacity": capacity, "window_len": len(window),

@@ -1,6 +1,6 @@
 """The requests a traffic profile generates, and their Spark event rows.
 
-:func:`generate` turns a :class:`~benchmarks.profiles.TrafficProfile` into
+:func:`generate` turns a :class:`~sts_capacity.profiles.TrafficProfile` into
 concrete requests: output lengths are drawn from the real distribution, about
 1 % of them deliberately very long, and become each request's ``max_tokens``
 (never one fixed value: DESIGN.md pitfall 5). Prompts put a stable prefix first
@@ -8,7 +8,7 @@ concrete requests: output lengths are drawn from the real distribution, about
 pipeline's file source reads.
 
 Example:
-    >>> from benchmarks.profiles import load_profile
+    >>> from sts_capacity.profiles import load_profile
     >>> profile = load_profile("cpu-small")
     >>> reqs = generate(profile, duration_s=10, seed=1)
     >>> all(r.prompt.startswith(profile.stable_prefix) for r in reqs)
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.profiles import TrafficProfile
+from sts_capacity.profiles import TrafficProfile
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def generate(profile: TrafficProfile, duration_s: float, seed: int = 0
         Requests sorted by arrival.
 
     Example:
-        >>> from benchmarks.profiles import load_profile
+        >>> from sts_capacity.profiles import load_profile
         >>> reqs = generate(load_profile("seed-200qps"), duration_s=1, seed=0)
         >>> len({r.max_tokens for r in reqs}) > 10
         True
@@ -163,7 +163,7 @@ def events_for_spark(requests: list[GeneratedRequest], start_epoch_ms: int, *,
         One dict per request, in arrival order.
 
     Example:
-        >>> from benchmarks.profiles import load_profile
+        >>> from sts_capacity.profiles import load_profile
         >>> reqs = generate(load_profile("cpu-small"), duration_s=5, seed=0)
         >>> sorted(events_for_spark(reqs, 0)[0])
         ['event_id', 'event_ts', 'max_tokens', 'priority', 'text']

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.generate import GeneratedRequest, events_for_spark, generate
-from benchmarks.profiles import load_profile
+from sts_capacity.profiles import load_profile
 from sidecar import percentiles
 from sidecar.contract import PRIORITY_NAMES
 from spark_ext.kinds import writer_choices

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.generate import GeneratedRequest, generate
-from benchmarks.profiles import TrafficProfile
+from sts_capacity.profiles import TrafficProfile
 from sidecar import percentile
 from sidecar.client import SidecarClient
 from sidecar.contract import Priority, now_ms

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.profiles import TrafficProfile  # noqa: E402
+from sts_capacity.profiles import TrafficProfile  # noqa: E402
 
 _COLORS = {"engine": "tab:gray", "sts": "tab:green", "sts-kafka": "tab:cyan",
            "sts-kafka-rtm": "tab:purple", "baseline-sync": "tab:red",

@@ -448,161 +448,176 @@ def _identity(batches):
     yield from batches
 
 
-def run_probes(spark, bootstrap: str, sidecar, results_dir: Path, work: Path,
-               interval: str) -> list[dict]:
-    """Each part of the pipeline in Real-Time Mode (see the module doc)."""
-    from pyspark.sql import functions as F
+class _Probes:
+    """What every probe of :func:`run_probes` shares: the session, the broker, the sidecar,
+    a work folder, the real-time interval and a tag that keeps this run's topics apart."""
 
-    results: list[dict] = []
-    tag = uuid.uuid4().hex[:6]
+    def __init__(self, spark, bootstrap: str, sidecar, work: Path, interval: str) -> None:
+        self.spark, self.bootstrap, self.sidecar = spark, bootstrap, sidecar
+        self.work, self.interval = work, interval
+        self.tag = uuid.uuid4().hex[:6]
 
-    def topic(name: str, n: int = 1) -> str:
-        t = f"rtm-probe-{name}-{tag}"
-        create_topics(bootstrap, [t], partitions=n)
+    def topic(self, name: str, n: int = 1) -> str:
+        t = f"rtm-probe-{name}-{self.tag}"
+        create_topics(self.bootstrap, [t], partitions=n)
         return t
 
-    def feed_events(t: str) -> Callable[[], None]:
-        return lambda: _EventProducer(bootstrap, t, 10.0, 0.5, f"probe-{t}").run()
+    def checkpoint(self, name: str) -> str:
+        return str(self.work / "probe-ckpt" / f"{name}-{self.tag}")
 
-    def has_records(t: str) -> Callable[[], bool]:
-        return lambda: bool(landing_times(bootstrap, [t], since_ms=0, timeout_s=5)[0])
+    def events(self, t: str):
+        return _events(self.spark, self.bootstrap, t)
 
-    def kafka_sink(df, out_topic: str, name: str):
+    def feed_events(self, t: str) -> Callable[[], None]:
+        return lambda: _EventProducer(self.bootstrap, t, 10.0, 0.5, f"probe-{t}").run()
+
+    def has_records(self, t: str) -> Callable[[], bool]:
+        return lambda: bool(landing_times(self.bootstrap, [t], since_ms=0, timeout_s=5)[0])
+
+    def kafka_sink(self, df, out_topic: str, name: str):
         return (df.writeStream.format("kafka").queryName(f"probe-{name}")
-                .option("kafka.bootstrap.servers", bootstrap).option("topic", out_topic)
-                .option("checkpointLocation", str(work / "probe-ckpt" / f"{name}-{tag}"))
-                .outputMode("update").trigger(realTime=interval))
+                .option("kafka.bootstrap.servers", self.bootstrap).option("topic", out_topic)
+                .option("checkpointLocation", self.checkpoint(name))
+                .outputMode("update").trigger(realTime=self.interval))
 
-    def submit(name: str, allow: bool) -> dict:
-        t, out_t = topic(f"{name}-in"), topic(f"{name}-out")
-        return _probe(
-            spark, name, "Kafka events -> build_requests -> submit_requests (mapInArrow) -> "
-                         "Kafka acks" + (" (allowlist check off)" if not allow else ""),
-            lambda: _acks_query(spark, bootstrap, t, out_t, sidecar,
-                                str(work / "probe-ckpt" / f"{name}-{tag}"), "realtime",
-                                interval),
-            settings={} if allow else {ALLOWLIST_CHECK: "false"},
-            feed=feed_events(t), ran=has_records(out_t))
+    def probe(self, name: str, what: str, start, *, allow: bool = True, **kwargs) -> dict:
+        """:func:`_probe` with the allowlist check on, or off (``allow=False``)."""
+        return _probe(self.spark, name, what + ("" if allow else " (allowlist check off)"),
+                      start, settings={} if allow else {ALLOWLIST_CHECK: "false"}, **kwargs)
 
-    for arrow in (False, True):
-        results.append(_passthrough(spark, bootstrap, work, interval, tag, arrow=arrow))
-    results.append(submit("submit-mapInArrow", allow=True))
-    results.append(submit("submit-mapInArrow-allowlist-off", allow=False))
 
-    # tagging alone (no Python): what the allowlist accepts
-    t, out_t = topic("tagging-in"), topic("tagging-out")
+def _submit_probe(p: _Probes, name: str, allow: bool) -> dict:
+    t, out_t = p.topic(f"{name}-in"), p.topic(f"{name}-out")
+    return p.probe(name, "Kafka events -> build_requests -> submit_requests (mapInArrow) -> "
+                         "Kafka acks",
+                   lambda: _acks_query(p.spark, p.bootstrap, t, out_t, p.sidecar,
+                                       p.checkpoint(name), "realtime", p.interval),
+                   allow=allow, feed=p.feed_events(t), ran=p.has_records(out_t))
+
+
+def _tagging_probe(p: _Probes) -> dict:
+    """Tagging alone (no Python): what the allowlist accepts."""
+    from pyspark.sql import functions as F
+
+    t, out_t = p.topic("tagging-in"), p.topic("tagging-out")
 
     def tagging_only():
         from spark_ext.config import TaggingConfig
         from spark_ext.l2.prompts import build_requests
         from spark_ext.l2.template import PromptTemplate
 
-        reqs = build_requests(_events(spark, bootstrap, t), TaggingConfig(),
+        reqs = build_requests(p.events(t), TaggingConfig(),
                               PromptTemplate(stable="You help customers.\n",
                                              dynamic="Ticket: {text}"))
-        return kafka_sink(reqs.select(F.col("request_id").alias("key"),
-                                      F.to_json(F.struct("request_id", "prompt",
-                                                         "deadline_ts")).alias("value")),
-                          out_t, "tagging").start()
+        return p.kafka_sink(reqs.select(F.col("request_id").alias("key"),
+                                        F.to_json(F.struct("request_id", "prompt",
+                                                           "deadline_ts")).alias("value")),
+                            out_t, "tagging").start()
 
-    results.append(_probe(spark, "tagging", "Kafka events -> build_requests (L1 tags, L2 "
-                          "prompt: built-in expressions) -> Kafka", tagging_only,
-                          feed=feed_events(t), ran=has_records(out_t)))
+    return p.probe("tagging", "Kafka events -> build_requests (L1 tags, L2 prompt: built-in "
+                   "expressions) -> Kafka", tagging_only, feed=p.feed_events(t),
+                   ran=p.has_records(out_t))
 
-    # an iterator pandas UDF: the shape of the L1/L2 fast path (spark_ext.l2.fast_path)
-    t, out_t = topic("pandas-in"), topic("pandas-out")
 
-    def pandas_udf_query(t: str, out_t: str, name: str):
-        from collections.abc import Iterator
+def _pandas_udf_probe(p: _Probes, allow: bool) -> dict:
+    """An iterator pandas UDF: the shape of the L1/L2 fast path (spark_ext.l2.fast_path)."""
+    from collections.abc import Iterator
 
-        import pandas as pd
+    import pandas as pd
+    from pyspark.sql import functions as F
 
-        def upper(batches):
-            for s in batches:
-                yield s.str.upper()
+    name = "l1l2-pandas-udf" + ("" if allow else "-allowlist-off")
+    t, out_t = p.topic(f"{name}-in"), p.topic(f"{name}-out")
 
-        # the hints make it an iterator UDF (as strings, they would not resolve here)
-        upper.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}
-        upper = F.pandas_udf(upper, "string")  # SQL_SCALAR_PANDAS_ITER_UDF
-        df = _events(spark, bootstrap, t).select(F.col("event_id").alias("key"),
-                                                 upper(F.col("text")).alias("value"))
-        return kafka_sink(df, out_t, name).start()
+    def upper(batches):
+        for s in batches:
+            yield s.str.upper()
 
-    for allow in (True, False):
-        name = "l1l2-pandas-udf" + ("" if allow else "-allowlist-off")
-        t, out_t = topic(f"{name}-in"), topic(f"{name}-out")
-        results.append(_probe(
-            spark, name, "Kafka events -> iterator pandas UDF (the L1 embedding/routing and "
-                         "L2 retrieval UDFs' kind) -> Kafka"
-                         + ("" if allow else " (allowlist check off)"),
-            lambda t=t, out_t=out_t, name=name: pandas_udf_query(t, out_t, name),
-            settings={} if allow else {ALLOWLIST_CHECK: "false"},
-            feed=feed_events(t), ran=has_records(out_t)))
+    # the hints make it an iterator UDF (as strings, they would not resolve here)
+    upper.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}
+    udf = F.pandas_udf(upper, "string")  # SQL_SCALAR_PANDAS_ITER_UDF
 
-    # a Python foreach writer: where a row-wise writer (delta-rs, a service) would go
-    t = topic("foreach-in")
-    marks = work / "probe-foreach" / tag
+    def query():
+        df = p.events(t).select(F.col("event_id").alias("key"), udf(F.col("text")).alias("value"))
+        return p.kafka_sink(df, out_t, name).start()
+
+    return p.probe(name, "Kafka events -> iterator pandas UDF (the L1 embedding/routing and "
+                         "L2 retrieval UDFs' kind) -> Kafka", query, allow=allow,
+                   feed=p.feed_events(t), ran=p.has_records(out_t))
+
+
+class _MarkWriter:
+    """A Python ``foreach`` writer that leaves a file per row in ``marks``."""
+
+    def __init__(self, marks: Path) -> None:
+        self.marks = marks
+
+    def open(self, partition_id, epoch_id):
+        return True
+
+    def process(self, row):
+        (self.marks / f"{row['event_id']}.seen").touch()
+
+    def close(self, error):
+        pass
+
+
+def _foreach_probe(p: _Probes) -> dict:
+    """A Python foreach writer: where a row-wise writer (delta-rs, a service) would go."""
+    t = p.topic("foreach-in")
+    marks = p.work / "probe-foreach" / p.tag
     marks.mkdir(parents=True, exist_ok=True)
 
-    class _MarkWriter:
-        def open(self, partition_id, epoch_id):
-            return True
+    def query():
+        return (p.events(t).writeStream.queryName("probe-foreach").foreach(_MarkWriter(marks))
+                .option("checkpointLocation", p.checkpoint("foreach"))
+                .outputMode("update").trigger(realTime=p.interval).start())
 
-        def process(self, row):
-            (marks / f"{row['event_id']}.seen").touch()
+    return p.probe("foreach-writer", "Kafka events -> foreach(Python writer object)", query,
+                   feed=p.feed_events(t), ran=lambda: any(marks.iterdir()))
 
-        def close(self, error):
-            pass
 
-    def foreach_query():
-        return (_events(spark, bootstrap, t).writeStream.queryName("probe-foreach")
-                .foreach(_MarkWriter())
-                .option("checkpointLocation", str(work / "probe-ckpt" / f"foreach-{tag}"))
-                .outputMode("update").trigger(realTime=interval).start())
+def _foreach_batch_probe(p: _Probes, allow: bool) -> dict:
+    """The foreachBatch writers (requests, answers tables)."""
+    t = p.topic(f"fb-{allow}")
+    seen: list[int] = []
 
-    results.append(_probe(spark, "foreach-writer", "Kafka events -> foreach(Python writer "
-                          "object)", foreach_query, feed=feed_events(t),
-                          ran=lambda: any(marks.iterdir())))
+    def query():
+        return (p.events(t).writeStream.queryName("probe-foreachBatch")
+                .foreachBatch(lambda df, batch_id: seen.append(df.count()))
+                .option("checkpointLocation", p.checkpoint(f"fb-{allow}"))
+                .outputMode("update").trigger(realTime=p.interval).start())
 
-    # the foreachBatch writers (requests, answers tables)
-    for allow in (True, False):
-        t = topic(f"fb-{allow}")
-        seen: list[int] = []
+    return p.probe("foreachBatch" + ("" if allow else "-allowlist-off"),
+                   "Kafka events -> foreachBatch (how the requests/answers Delta writes run)",
+                   query, allow=allow, feed=p.feed_events(t), ran=lambda: sum(seen) > 0)
 
-        def fb_query(t: str = t):
-            return (_events(spark, bootstrap, t).writeStream.queryName("probe-foreachBatch")
-                    .foreachBatch(lambda df, batch_id: seen.append(df.count()))
-                    .option("checkpointLocation",
-                            str(work / "probe-ckpt" / f"fb-{allow}-{tag}"))
-                    .outputMode("update").trigger(realTime=interval).start())
 
-        results.append(_probe(
-            spark, "foreachBatch" + ("" if allow else "-allowlist-off"),
-            "Kafka events -> foreachBatch (how the requests/answers Delta writes run)"
-            + ("" if allow else " (allowlist check off)"), fb_query,
-            settings={} if allow else {ALLOWLIST_CHECK: "false"},
-            feed=feed_events(t), ran=lambda: sum(seen) > 0))
+def _delta_probe(p: _Probes) -> dict:
+    t = p.topic("delta-in")
 
-    # a Delta sink
-    t = topic("delta-in")
+    def query():
+        return (p.events(t).writeStream.format("delta")
+                .option("checkpointLocation", p.checkpoint("delta"))
+                .outputMode("update").trigger(realTime=p.interval)
+                .start(str(p.work / "probe-delta" / p.tag)))
 
-    def delta_query():
-        return (_events(spark, bootstrap, t).writeStream.format("delta")
-                .option("checkpointLocation", str(work / "probe-ckpt" / f"delta-{tag}"))
-                .outputMode("update").trigger(realTime=interval)
-                .start(str(work / "probe-delta" / tag)))
+    return p.probe("delta-sink", "Kafka events -> Delta sink (update mode)", query,
+                   feed=p.feed_events(t))
 
-    results.append(_probe(spark, "delta-sink", "Kafka events -> Delta sink (update mode)",
-                          delta_query, feed=feed_events(t)))
 
-    # the stateless answers projection: results topic -> answers topic
-    t, out_t = topic("results-in"), topic("answers-out")
+def _answers_probe(p: _Probes) -> dict:
+    """The stateless answers projection: results topic -> answers topic."""
+    from pyspark.sql import functions as F
 
-    def answers_query():
+    t, out_t = p.topic("results-in"), p.topic("answers-out")
+
+    def query():
         from sidecar.contract import RESULT_SCHEMA
         from spark_ext.schemas import spark_schema
 
-        records = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+        records = (p.spark.readStream.format("kafka")
+                   .option("kafka.bootstrap.servers", p.bootstrap)
                    .option("subscribe", t).option("startingOffsets", "earliest").load())
         r = F.from_json(F.col("value").cast("string"), spark_schema(RESULT_SCHEMA)).alias("r")
         answers = records.select(r).select(
@@ -613,23 +628,37 @@ def run_probes(spark, bootstrap: str, sidecar, results_dir: Path, work: Path,
                     F.lit("We will get back to you shortly.")).alias("answer"),
                 F.when(F.col("r.status") == "ok", F.lit("llm")).otherwise(
                     F.lit("fallback")).alias("answer_source"))).alias("value"))
-        return kafka_sink(answers, out_t, "answers").start()
+        return p.kafka_sink(answers, out_t, "answers").start()
 
     def feed_results() -> None:
         from confluent_kafka import Producer
 
         from sidecar.contract import RESULT_SCHEMA
 
-        p = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
+        producer = Producer({"bootstrap.servers": p.bootstrap, "log_level": 0})
         row = {name: None for name in RESULT_SCHEMA.names}
         row |= {"request_id": "probe-r1", "status": "ok", "text": "Hello."}
-        p.produce(t, json.dumps(row).encode(), key=b"probe-r1")
-        p.flush(10)
+        producer.produce(t, json.dumps(row).encode(), key=b"probe-r1")
+        producer.flush(10)
 
-    results.append(_probe(spark, "answers-projection", "Kafka results -> from_json -> "
-                          "answer/fallback columns -> Kafka answers topic (the stateless "
-                          "answers query without its Delta writes)", answers_query,
-                          feed=feed_results, ran=has_records(out_t)))
+    return p.probe("answers-projection", "Kafka results -> from_json -> answer/fallback "
+                   "columns -> Kafka answers topic (the stateless answers query without its "
+                   "Delta writes)", query, feed=feed_results, ran=p.has_records(out_t))
+
+
+def run_probes(spark, bootstrap: str, sidecar, results_dir: Path, work: Path,
+               interval: str) -> list[dict]:
+    """Each part of the pipeline in Real-Time Mode (see the module doc)."""
+    p = _Probes(spark, bootstrap, sidecar, work, interval)
+    results = [_passthrough(spark, bootstrap, work, interval, p.tag, arrow=arrow)
+               for arrow in (False, True)]
+    results += [_submit_probe(p, "submit-mapInArrow", allow=True),
+                _submit_probe(p, "submit-mapInArrow-allowlist-off", allow=False),
+                _tagging_probe(p),
+                _pandas_udf_probe(p, allow=True), _pandas_udf_probe(p, allow=False),
+                _foreach_probe(p),
+                _foreach_batch_probe(p, allow=True), _foreach_batch_probe(p, allow=False),
+                _delta_probe(p), _answers_probe(p)]
     return results
 
 

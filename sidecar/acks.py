@@ -20,6 +20,9 @@ class Ack:
     duplicate: bool = False
     received_ts: int = 0
     fallback_text: str = ""
+    id_conflict: bool = False
+    """A duplicate whose content differs from the first submission's: two requests
+    share the id (not a replay); it gets the first one's decision and answer."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ COMMANDS_GROUP = "sts.commands"
 
 #: Providers tried when the distribution's metadata is not installed (a source checkout).
 _BUILTIN_PROVIDERS = ("sidecar.commands:register", "sts_harness.commands:register",
-                      "benchmarks.commands:register")
+                      "sts_capacity.commands:register", "benchmarks.commands:register")
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
             load()(sub)
         except ImportError as e:  # a package that is not installed adds no commands
             logger.debug("sts commands from %s not available: %s", name, e)
+        except argparse.ArgumentError as e:  # two installs register one command: the first's
+            logger.warning("sts: commands from %s skipped: %s", name, e)
     return parser
 
 

@@ -87,9 +87,13 @@ class _LiveCollector(Collector):
                 g.add_metric([str(priority)], float(getattr(pool, attr)))
             yield g
         counters = {
-            "requests_submitted": ("Requests received by SubmitBatch.", s.submitted),
-            "requests_accepted": ("Requests admitted into a pool.", s.accepted),
-            "dedupe_hits": ("Requests whose request_id had been seen before.", s.duplicates),
+            "requests_submitted": ("Requests received by SubmitBatch.", s.admissions.submitted),
+            "requests_accepted": ("Requests admitted into a pool.", s.admissions.accepted),
+            "dedupe_hits": ("Requests whose request_id had been seen before.",
+                            s.admissions.duplicates),
+            "id_conflicts": ("Repeated request_ids whose prompt or max_tokens differed from "
+                             "the first submission's (two requests sharing an id).",
+                             s.admissions.id_conflicts),
             "prompt_tokens": ("Prompt tokens of requests that reached the engine.",
                               s.prompt_tokens_total),
             "cached_prompt_tokens": ("Prompt tokens served from the prefix cache.",

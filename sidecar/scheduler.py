@@ -67,7 +67,7 @@ from sidecar.load_control import LoadControl
 from sidecar.pools import Pool, Running, slot_free_by
 from sidecar.request_state import RequestStatus, ResultRecord, SidecarRequest
 from sidecar.scale_signal import ScaleSignal, scale_signal
-from sidecar.stats import PoolSnapshot, SchedulerCounters, SchedulerStats
+from sidecar.stats import Admissions, PoolSnapshot, SchedulerCounters, SchedulerStats
 from sidecar.timers import DeadlineTimers
 from sidecar.waiters import Waiters
 
@@ -853,9 +853,7 @@ class Scheduler:
         return SchedulerStats(
             pools={p: self._pool_snapshot(pool) for p, pool in self.pools.items()},
             engine=self.engine.stats(),
-            submitted=c.submitted,
-            accepted=c.accepted,
-            duplicates=c.duplicates,
+            admissions=Admissions(c.submitted, c.accepted, c.duplicates, c.id_conflicts),
             results_by_status=dict(c.results_by_status),
             refusals_by_reason={k: v for k, v in c.refusals_by_reason.items() if v},
             output_tokens_per_s=c.output_tokens_per_s(),

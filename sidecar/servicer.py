@@ -57,6 +57,7 @@ def _ack_fields(ack: Ack) -> dict:
         duplicate=ack.duplicate,
         received_ts=ack.received_ts,
         fallback_text=ack.fallback_text,
+        id_conflict=ack.id_conflict,
     )
 
 
@@ -94,9 +95,10 @@ def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, mode
         engine=engine_kind,
         model=model,
         pools=pools,
-        submitted=s.submitted,
-        accepted=s.accepted,
-        duplicates=s.duplicates,
+        submitted=s.admissions.submitted,
+        accepted=s.admissions.accepted,
+        duplicates=s.admissions.duplicates,
+        id_conflicts=s.admissions.id_conflicts,
         results_by_status=s.results_by_status,
         refusals_by_reason=s.refusals_by_reason,
         output_tokens_per_s=s.output_tokens_per_s,

@@ -39,15 +39,25 @@ class PoolSnapshot:
     met_deadline: int
 
 
+@dataclass(frozen=True)
+class Admissions:
+    """What admission saw: requests submitted, accepted into a pool, repeated ids
+    (``duplicates``) and, of those, repeats whose prompt or ``max_tokens`` differed from
+    the first submission's (``id_conflicts``: two requests sharing an id, not replays)."""
+
+    submitted: int
+    accepted: int
+    duplicates: int
+    id_conflicts: int
+
+
 @dataclass
 class SchedulerStats:
     """Live figures (what the Stats RPC and ``/metrics`` report)."""
 
     pools: dict[Priority, PoolSnapshot]
     engine: EngineStats
-    submitted: int
-    accepted: int
-    duplicates: int
+    admissions: Admissions
     results_by_status: dict[str, int]
     refusals_by_reason: dict[str, int]
     output_tokens_per_s: float
@@ -105,6 +115,8 @@ class SchedulerCounters:
     submitted: int = 0
     accepted: int = 0
     duplicates: int = 0
+    id_conflicts: int = 0
+    """Duplicates whose prompt or ``max_tokens`` differed from the first submission's."""
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
     late_results: int = 0

@@ -28,10 +28,12 @@ place a request becomes terminal. Every decision is remembered for replays.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sidecar.admission.dedupe import DedupeWindow
+from sidecar.admission.dedupe import DedupeWindow, fingerprint
 from sidecar.admission.gate import Gate, GateState
 from sidecar.admission.load import LoadCheck
 from sidecar.acks import Ack, Refusal
@@ -45,6 +47,11 @@ if TYPE_CHECKING:
     from sidecar.load_control import LoadControl
     from sidecar.result_channels import ResultChannel
     from sidecar.stats import SchedulerCounters
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two warnings about requests sharing an id (each is counted).
+CONFLICT_WARNING_INTERVAL_S = 60.0
 
 
 @dataclass(slots=True)
@@ -87,6 +94,7 @@ class Admission:
         self.counters = counters
         self._fallback_text = pool_fallback_text(config)
         self.seen = DedupeWindow(config.dedupe_window, self._fallback_text)
+        self._conflict_warned = float("-inf")
 
     def decide(self, requests: list[SidecarRequest], state: GateState,
                out: Decisions | None = None) -> Decisions:
@@ -129,9 +137,28 @@ class Admission:
             self._tokenized(requests, to_encode, acks, out)
         # A replay repeats the first copy's decision (made above if it was in this batch).
         for i in repeats:
-            acks[i] = self.seen.replay(requests[i].request_id, now)
+            acks[i] = self.seen.replay(requests[i].request_id, now,
+                                       fingerprint=fingerprint(requests[i]))
+        if repeats:
+            self._count_conflicts([acks[i] for i in repeats])
         out.acks = [a for a in acks if a is not None]
         return out
+
+    def _count_conflicts(self, replays: list[Ack | None]) -> None:
+        """Count the repeats that are no replays (``id_conflict``) and say so, at most
+        once a minute."""
+        conflicts = [a for a in replays if a is not None and a.id_conflict]
+        if not conflicts:
+            return
+        self.counters.id_conflicts += len(conflicts)
+        now = time.monotonic()
+        if now - self._conflict_warned >= CONFLICT_WARNING_INTERVAL_S:
+            self._conflict_warned = now
+            logger.warning(
+                "%d request(s) reused the request_id of another request with a different "
+                "prompt (first: %s; %d in all): each gets the first one's answer. The "
+                "client's key columns are not unique", len(conflicts),
+                conflicts[0].request_id, self.counters.id_conflicts)
 
     def _tokenized(self, requests: list[SidecarRequest], indices: list[int],
                    acks: list[Ack | None], out: Decisions) -> None:
@@ -156,10 +183,10 @@ class Admission:
         return self.seen.remember(Ack(req.request_id, False, refusal.reason, refusal.detail,
                                       received_ts=req.received_ts,
                                       fallback_text=self._fallback_text(req.priority)),
-                                  req.priority)
+                                  req.priority, fingerprint=fingerprint(req))
 
     def _accept(self, req: SidecarRequest, out: Decisions) -> Ack:
         ack = self.seen.remember(Ack(req.request_id, True, None, "", False, req.received_ts),
-                                 req.priority)
+                                 req.priority, fingerprint=fingerprint(req))
         out.accepted.append((req, self.load.admit(req)))
         return ack

@@ -64,6 +64,13 @@ PRIORITIES = ("high", "normal", "low")
 #: answer the ledger could not decide alone, e.g. right after a new answers checkpoint).
 WRITE_COLUMN = "write"
 
+#: How often, at the latest, the answers query wakes up to answer what fell due (ms): a
+#: backstop behind the listener that wakes it when a fallback falls due.
+TICK_INTERVAL_MS = 5000
+#: The same on Spark Connect, where it is the only clock (no listener runs there): a
+#: fallback lands within this plus a micro-batch of its due time.
+CONNECT_TICK_INTERVAL_MS = 2000
+
 #: Temporary column names used while the request columns are built.
 _PRIORITY, _ENQUEUE, _TRACE_ID = "_sts_priority", "_sts_enqueue_ts", "_sts_trace_id"
 
@@ -149,6 +156,8 @@ class LlmInference:
         tick_interval_ms: The answers query wakes up when a fallback falls due (its
             observed metrics tell this driver when); at the latest every this many ms
             (a backstop, and the clock on Spark Connect, where no listener runs).
+            Default: :data:`TICK_INTERVAL_MS`, or :data:`CONNECT_TICK_INTERVAL_MS` on
+            Spark Connect.
         options: Further settings by section, as in the pipeline's YAML (e.g.
             ``{"sidecar": {"token_file": "/etc/sts/token"}}``).
 
@@ -166,13 +175,18 @@ class LlmInference:
                  checkpoint_location: str, fallback_text: str,
                  sidecar: str = "127.0.0.1:50051", results_dir: str = "./sts-results",
                  result_channel: str = "files", kafka_bootstrap_servers: str | None = None,
-                 grace_ms: int = 2000, validate: bool = True, tick_interval_ms: int = 5000,
+                 grace_ms: int = 2000, validate: bool = True,
+                 tick_interval_ms: int | None = None,
                  options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         from sidecar import build_sections
 
         keys = [key] if isinstance(key, str) else list(key)
         if not keys:
             raise PipelineConfigError("key: name at least one key column")
+        if tick_interval_ms is None:
+            from spark_ext.session import is_connect
+
+            tick_interval_ms = CONNECT_TICK_INTERVAL_MS if is_connect(spark) else TICK_INTERVAL_MS
         if tick_interval_ms <= 0:
             raise PipelineConfigError(f"{tick_interval_ms=} must be > 0")
         data: dict[str, dict[str, Any]] = {

@@ -40,6 +40,11 @@ ACK_SCHEMA = pa.schema([
 ])
 
 
+#: The ``detail`` of an accepted duplicate whose prompt differs from the first request
+#: under its id (the sidecar's ``id_conflict``): two events whose key columns are equal.
+ID_CONFLICT_DETAIL = ("request_id conflict: an earlier request with another prompt had this "
+                      "id; this one gets its answer")
+
 #: How long a task of a running stream waits for its GPU's sidecar when it finds it
 #: starting, or starts it (``launch: lazy``): a GPU executor that joins later (a scale-up,
 #: an executor replaced after a failure) starts its sidecar in the background and its
@@ -189,12 +194,18 @@ def _ask(client, endpoint: str, rows: list[dict], now: int) -> dict[str, list]:
         logger.warning("Sidecar %s did not ack %d requests: %s", endpoint, len(rows), code)
         return _refused(len(rows), "unavailable", f"{code.name}: {e.details()}", now, endpoint)
     _check_ack_identity(rows, reply.acks)
+    conflicts = sum(a.id_conflict for a in reply.acks)
+    if conflicts:
+        logger.warning("%d of %d requests share their request_id with a different earlier "
+                       "request (ack detail %r): each gets the first one's answer; make the "
+                       "key columns unique", conflicts, len(rows), ID_CONFLICT_DETAIL)
     return {
         "accepted": [a.accepted for a in reply.acks],
         "reason": [None if a.accepted else
                    pb.RefusalReason.Name(a.reason).removeprefix("REFUSAL_REASON_").lower()
                    for a in reply.acks],
-        "detail": [a.detail or None for a in reply.acks],
+        "detail": [ID_CONFLICT_DETAIL if a.id_conflict else a.detail or None
+                   for a in reply.acks],
         "duplicate": [a.duplicate for a in reply.acks],
         "submit_ts": [now] * len(rows),
         "sidecar_id": [reply.sidecar_id] * len(rows),

@@ -273,30 +273,61 @@ def test_ten_stops_in_a_row_print_no_stack_overflow(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_same_job_on_spark_connect(spark_connect, tmp_path: Path) -> None:
-    """The user's job of the first test on a Spark Connect session (Databricks
-    serverless): the answers into a Delta table by catalog name, written by the
-    ``foreachBatch`` in the server's Python process; every event answered once."""
+def test_the_same_job_on_spark_connect_with_its_sidecar_killed(spark_connect,
+                                                               tmp_path: Path) -> None:
+    """The user's job on a Spark Connect session (Databricks serverless), answers into a
+    Delta table by catalog name written by the ``foreachBatch`` in the server's Python
+    process: the sidecar dies with requests in flight and comes back on its address; those
+    in flight get their own fallback within deadline + grace + 5 s, later ones the model's,
+    every event one row."""
     spark = spark_connect
-    with _sidecar(tmp_path, "connect") as sidecar:
-        llm = _inference(spark, tmp_path, sidecar.target)
-        events = _landed(spark, tmp_path / "events", "c", 6, "high")
-        table = f"sts_api_connect_{uuid.uuid4().hex[:8]}"
-        queries = llm.start(llm.requests(events, template=TEMPLATE, priority="p",
-                                         max_tokens=8, sla_ms=60_000),
-                            answers_table=table)
-        try:
-            def done() -> bool:
-                for q in queries:
-                    assert q.exception() is None, q.exception()
-                return spark.catalog.tableExists(table) and spark.table(table).count() >= 6
-            wait_until(done, 240, interval_s=1.0, what="the answers on Spark Connect")
-            rows = [r.asDict() for r in spark.table(table).collect()]
-        finally:
-            queries.stop()
-            spark.sql(f"DROP TABLE IF EXISTS {table}")
-    assert sorted(r["id"] for r in rows) == [f"c-{i}" for i in range(6)], rows
-    assert {r["answer_source"] for r in rows} == {"llm"}, rows
+    first = _sidecar(tmp_path, "connect", step_ms=20)  # 1,000 tokens take ~20 s
+    sidecar = first.__enter__()
+    port = sidecar.port
+    llm = _inference(spark, tmp_path, sidecar.target, grace_ms=500)
+    landing = tmp_path / "events"
+    landing.mkdir()
+    events = spark.readStream.schema("id string, text string, p string").json(str(landing))
+    budget = F.when(F.col("id").startswith("a-"), 1000).otherwise(8)
+    table = f"sts_api_connect_{uuid.uuid4().hex[:8]}"
+    queries = llm.start(llm.requests(events, template=TEMPLATE, priority="p", max_tokens=budget,
+                                     sla_ms=10_000,
+                                     fallback_text=F.concat(F.lit("sorry "), F.col("id"))),
+                        answers_table=table)
+
+    def rows(prefix: str, n: int) -> list[dict]:
+        def landed() -> bool:
+            for q in queries:
+                assert q.exception() is None, q.exception()
+            return spark.catalog.tableExists(table) and spark.table(table).where(
+                F.col("id").startswith(prefix)).count() >= n
+        wait_until(landed, 240, interval_s=0.5, what=f"the {prefix} answers on Spark Connect")
+        return [r.asDict() for r in spark.table(table).collect()]
+
+    try:
+        (landing / "a.json").write_text("".join(
+            f'{{"id": "a-{i}", "text": "question {i}", "p": "normal"}}\n' for i in range(4)))
+        wait_until(lambda: sidecar.client.stats().accepted >= 4, 120, what="requests accepted")
+        os.kill(sidecar.proc.pid, signal.SIGKILL)  # killed with the four in flight
+        sidecar.proc.wait()
+        first.__exit__(None, None, None)
+        fallbacks = [r for r in rows("a-", 4) if r["id"].startswith("a-")]
+        with _sidecar(tmp_path, "connect-back", port=port):
+            (landing / "b.json").write_text("".join(
+                f'{{"id": "b-{i}", "text": "question {i}", "p": "high"}}\n' for i in range(3)))
+            answers = rows("b-", 3)
+    finally:
+        queries.stop()
+        first.__exit__(None, None, None)  # idempotent: a failed test leaves no process
+        spark.sql(f"DROP TABLE IF EXISTS {table}")
+    assert {(r["answer_source"], r["reason"]) for r in fallbacks} == {
+        ("fallback", "no_result")}, fallbacks
+    assert all(r["answer"] == f"sorry {r['id']}" for r in fallbacks), fallbacks
+    late = [r["answered_ts"] - r["deadline_ts"] - 500 for r in fallbacks]
+    assert max(late) <= 5000, late
+    assert sorted(r["id"] for r in answers) == [*(f"a-{i}" for i in range(4)),
+                                               *(f"b-{i}" for i in range(3))], answers
+    assert {r["answer_source"] for r in answers if r["id"].startswith("b-")} == {"llm"}, answers
 
 
 def test_the_answers_go_to_a_kafka_topic(spark, kafka_broker, tmp_path: Path) -> None:
@@ -352,3 +383,28 @@ def test_a_batch_job_gets_one_answer_per_row(spark, tmp_path: Path) -> None:
     assert {got[f"b-{i}"].answer_source for i in range(4)} == {"llm"}
     # an unknown priority is refused by the sidecar and answered, never dropped
     assert (got["b-x"].answer_source, got["b-x"].status) == ("fallback", "rejected")
+
+
+def test_two_events_under_one_key_are_counted_and_said_never_a_silent_fallback(
+        spark, tmp_path: Path) -> None:
+    """Two different events with equal key columns share a request id: the second's ack
+    says so (``detail``), the sidecar counts it (``id_conflicts``); a replay of the same
+    rows is a plain duplicate for the events that were first (their prompts repeat)."""
+    from sidecar.client import SidecarClient
+    from spark_ext.submit.submission import ID_CONFLICT_DETAIL
+
+    rows = [("d-1", "question one", "normal"), ("d-1", "question two", "normal"),
+            ("d-2", "question three", "normal")]
+    with _sidecar(tmp_path, "conflicts") as sidecar:
+        llm = _inference(spark, tmp_path, sidecar.target)
+        requests = llm.requests(_events(spark, rows), template=TEMPLATE, priority="p",
+                                max_tokens=4, sla_ms=30_000).coalesce(1)
+        first = llm.submit(requests).collect()
+        replay = llm.submit(requests).collect()
+        with SidecarClient(sidecar.target) as client:
+            stats = client.stats()
+    assert [r.detail for r in first].count(ID_CONFLICT_DETAIL) == 1, first
+    assert len({r.request_id for r in first}) == 2 and all(r.accepted for r in first)
+    assert all(r.duplicate for r in replay), replay
+    assert [r.detail for r in replay] == [r.detail for r in first], replay
+    assert (stats.id_conflicts, stats.duplicates) == (2, 4)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loadgen import collect, report, send_load
-from benchmarks.profiles import TrafficProfile
+from sts_capacity.profiles import TrafficProfile
 from tests.utils import REPO, RemoteSidecar, free_port, read_results, require_tool
 
 pytestmark = pytest.mark.timeout(300)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from sidecar.client import SidecarClient
+from sts_capacity.commands import BENCH_ELSEWHERE
 from tests.utils import REPO, free_port, make_request, wait_for_results, wait_until
 
 #: Modules a sidecar-only install does not have.
@@ -35,6 +39,16 @@ print(heavy)
 """
 
 
+def wheel_top_level_names(wheel: Path) -> set[str]:
+    """The top-level names a wheel installs into site-packages, read from its RECORD (its
+    ``.dist-info`` and ``.data`` folders left out)."""
+    with zipfile.ZipFile(wheel) as zf:
+        record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        rows = csv.reader(io.StringIO(zf.read(record).decode()))
+        tops = {row[0].split("/")[0] for row in rows if row}
+    return {t.removesuffix(".py") for t in tops if not t.endswith((".dist-info", ".data"))}
+
+
 def test_building_the_cli_imports_no_engine_or_spark_module() -> None:
     """``sts sidecar`` on a GPU node must not load Spark, numpy or the benchmarks just to
     parse its flags (each package registers its commands without heavy imports)."""
@@ -53,6 +67,7 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
                     "--no-build-isolation", "-w", str(dist), str(REPO)], check=True, timeout=180)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     wheel = next(dist.glob("sts_spark-*.whl"))
+    assert wheel_top_level_names(wheel) <= {"sidecar", "spark_ext", "sts_capacity", "sts_harness"}
     # Without PYTHONPATH: a checkout on it (its sts_spark.egg-info) looks installed to pip.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True,
@@ -100,6 +115,9 @@ def test_sidecar_only_install_serves_with_the_simulated_engine(tmp_path: Path) -
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert plan.returncode == 0, plan.stderr
     assert "Profile seed-200qps" in plan.stdout and "GPUs:" in plan.stdout, plan.stdout
+    bench = subprocess.run([str(venv / "bin" / "sts"), "bench", "--engine", "simulated"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert (bench.returncode, bench.stderr.strip()) == (2, BENCH_ELSEWHERE)
     usage = subprocess.run([str(venv / "bin" / "sts"), "demo", "--engine", "simulated"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2

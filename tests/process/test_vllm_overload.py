@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loadgen import collect, report, send_load
-from benchmarks.profiles import TrafficProfile
+from sts_capacity.profiles import TrafficProfile
 from tests.conftest import CONF
 from tests.utils import RemoteSidecar
 

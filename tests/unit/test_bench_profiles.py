@@ -1,5 +1,5 @@
-"""Traffic profiles: length and arrival sampling (``benchmarks.distributions``), request
-generation (``benchmarks.generate``), YAML loading (``benchmarks.profiles``)."""
+"""Traffic profiles: length and arrival sampling (``sts_capacity.distributions``), request
+generation (``benchmarks.generate``), YAML loading (``sts_capacity.profiles``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.distributions import ArrivalProcess, LengthDistribution
+from sts_capacity.distributions import ArrivalProcess, LengthDistribution
 from benchmarks.generate import events_for_spark, generate
-from benchmarks.profiles import TrafficProfile, available_profiles, load_profile
+from sts_capacity.profiles import TrafficProfile, available_profiles, load_profile
 from sidecar.contract import PRIORITY_NAMES
 
 N = 200_000

@@ -25,6 +25,7 @@ from sidecar.result_channels.files import FilesResultChannel
 from spark_ext import PipelineConfig
 from spark_ext.exceptions import PipelineConfigError
 from tests.conftest import CONF
+from tests.utils import REPO
 
 
 def test_repo_config_loads_and_flags_override() -> None:
@@ -331,3 +332,28 @@ def test_the_kafka_intake_needs_brokers_and_keeps_its_own_consumer_settings() ->
         "consumer": {"auto.offset.reset": "latest"}}}).intake.consumer_settings("a:1")
     assert (settings["group.id"], settings["auto.offset.reset"],
             settings["enable.auto.offset.store"]) == ("g", "latest", False)
+
+
+def test_the_pipeline_reference_lists_every_key_at_its_default() -> None:
+    """``conf/pipeline-reference.yaml`` is the one place every pipeline key is listed: it
+    loads to the defaults, and names every field of every section (nothing missing when a
+    key is added to ``spark_ext.config``)."""
+    import dataclasses
+
+    from sidecar import read_yaml
+
+    reference = read_yaml(REPO / "conf" / "pipeline-reference.yaml")
+    assert PipelineConfig.from_dict(reference) == PipelineConfig()
+
+    def missing(section: object, listed: dict, path: str) -> list[str]:
+        out = []
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if f.name not in listed:
+                out.append(path + f.name)
+            elif dataclasses.is_dataclass(value) and isinstance(listed[f.name], dict):
+                out += missing(value, listed[f.name], f"{path}{f.name}.")
+        return out
+
+    assert missing(PipelineConfig(), reference, "") == []
+

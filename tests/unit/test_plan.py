@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from benchmarks.plan import add_plan_arguments, format_plan, plan, run_plan
-from benchmarks.profiles import TrafficProfile, load_profile
+from sts_capacity.plan import add_plan_arguments, format_plan, plan, run_plan
+from sts_capacity.profiles import TrafficProfile, load_profile
 
 
 def test_seed_example_gpu_counts() -> None:

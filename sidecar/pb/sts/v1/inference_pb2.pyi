@@ -311,6 +311,7 @@ class SubmitAck(_message.Message):
     DUPLICATE_FIELD_NUMBER: _builtins.int
     RECEIVED_TS_FIELD_NUMBER: _builtins.int
     FALLBACK_TEXT_FIELD_NUMBER: _builtins.int
+    ID_CONFLICT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     accepted: _builtins.bool
     """/ True when the request was admitted (or had already been admitted)."""
@@ -326,6 +327,12 @@ class SubmitAck(_message.Message):
     """/ Set when accepted is false: the sidecar's rule fallback answer for this
     / request, so L4 can answer without waiting.
     """
+    id_conflict: _builtins.bool
+    """/ Set with duplicate when this request's prompt or max_tokens differ from the
+    / first submission's under the same request_id: two requests share an id (the
+    / client's key columns are not unique), not a replay. It gets the first one's
+    / answer; counted in GetStatsResponse.id_conflicts.
+    """
     def __init__(
         self,
         *,
@@ -336,10 +343,11 @@ class SubmitAck(_message.Message):
         duplicate: _builtins.bool = ...,
         received_ts: _builtins.int = ...,
         fallback_text: _builtins.str = ...,
+        id_conflict: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "detail", b"detail", "duplicate", b"duplicate", "fallback_text", b"fallback_text", "reason", b"reason", "received_ts", b"received_ts", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "detail", b"detail", "duplicate", b"duplicate", "fallback_text", b"fallback_text", "id_conflict", b"id_conflict", "reason", b"reason", "received_ts", b"received_ts", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -695,6 +703,7 @@ class GetStatsResponse(_message.Message):
     RESULT_CHANNEL_FIELD_NUMBER: _builtins.int
     CALIBRATION_FIELD_NUMBER: _builtins.int
     SCALE_FIELD_NUMBER: _builtins.int
+    ID_CONFLICTS_FIELD_NUMBER: _builtins.int
     sidecar_id: _builtins.str
     engine: _builtins.str
     """/ "vllm" or "simulated"."""
@@ -725,6 +734,10 @@ class GetStatsResponse(_message.Message):
     """
     late_in_flight: _builtins.int
     """/ Requests generating past their deadline now (they hold engine slots)."""
+    id_conflicts: _builtins.int
+    """/ Duplicates whose content differed from the first submission (id_conflict
+    / on their acks): two requests sharing a request_id, not replays.
+    """
     @_builtins.property
     def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolStats]: ...
     @_builtins.property
@@ -778,10 +791,11 @@ class GetStatsResponse(_message.Message):
         result_channel: Global___ResultChannelStats | None = ...,
         calibration: _abc.Iterable[Global___EngineSpeed] | None = ...,
         scale: Global___ScaleSignal | None = ...,
+        id_conflicts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["result_channel", b"result_channel", "scale", b"scale"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "calibration", b"calibration", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "scale", b"scale", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "calibration", b"calibration", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "id_conflicts", b"id_conflicts", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "scale", b"scale", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,7 +4,7 @@
 fitted to a P50/P90/P99, plus a deliberate share of very long values;
 :class:`ArrivalProcess` draws arrival times (Poisson, or Poisson whose rate
 follows a square wave of bursts). Both are sections of
-:class:`benchmarks.profiles.TrafficProfile`.
+:class:`sts_capacity.profiles.TrafficProfile`.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ A :class:`TrafficProfile` is what the seed's load-test method (section 6.2) asks
 to collect from production: the P50/P90/P99 of input and output lengths, the
 arrival rate and how bursty it is, plus the priority mix and SLAs of this
 project. The length and arrival distributions live in
-:mod:`benchmarks.distributions`; :func:`benchmarks.generate.generate` turns a
-profile into concrete requests.
+:mod:`sts_capacity.distributions`; the benchmarks of a source checkout
+(``benchmarks/generate.py``) turn a profile into concrete requests.
 
 Profiles live in ``conf/profiles/<name>.yaml``; :func:`load_profile` finds them.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.distributions import ArrivalProcess, LengthDistribution, check_int
+from sts_capacity.distributions import ArrivalProcess, LengthDistribution, check_int
 from sidecar import as_dataclass, conf_dir, read_yaml
 from sidecar.contract import PRIORITY_NAMES
 

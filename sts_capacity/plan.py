@@ -11,7 +11,8 @@ Section 8.1 adds the cost question: below some request rate a per-token API is
 cheaper than a GPU; :func:`plan` reports that break-even rate.
 
 The planner is wired into the CLI as ``sts plan`` through :func:`add_plan_arguments`
-and :func:`run_plan`; ``python -m benchmarks.plan`` runs it directly.
+and :func:`run_plan`; ``python -m sts_capacity.plan`` runs it directly. It is installed
+with the sidecar (no Spark, no benchmark code): sizing a deployment needs neither.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ import math
 import sys
 from dataclasses import dataclass
 
-from benchmarks.cli_args import add_plan_arguments
-from benchmarks.profiles import TrafficProfile, load_profile
+from sts_capacity.profiles import TrafficProfile, load_profile
 from sidecar import one_line
 
 logger = logging.getLogger(__name__)
@@ -258,6 +258,34 @@ def format_plan(p: CapacityPlan) -> str:
     return "\n".join(lines)
 
 
+#: Output tokens/s of one GPU when none is measured: Llama-3.1-8B on one H100 with vLLM.
+DEFAULT_TOKENS_PER_S = 3400.0
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``sts plan`` options to ``parser`` (returned for chaining)."""
+    parser.add_argument("--profile", required=True,
+                        help="traffic profile: a name in conf/profiles (e.g. seed-200qps) "
+                             "or a YAML path")
+    parser.add_argument("--tokens-per-s", type=float, default=DEFAULT_TOKENS_PER_S,
+                        help="output tokens/s one GPU sustains (default 3400: Llama-3.1-8B "
+                             "on one H100, vLLM, ~3,400 output tok/s; replace with your "
+                             "measured figure)")
+    parser.add_argument("--utilisation", type=float, default=0.7,
+                        help="target utilisation at peak, in (0, 1] (seed: 0.6-0.75; "
+                             "default 0.7)")
+    parser.add_argument("--peak-qps", type=float, default=None,
+                        help="plan for this peak instead of the profile's")
+    parser.add_argument("--api-price-out", type=float, default=None,
+                        help="API price, $ per million output tokens")
+    parser.add_argument("--api-price-in", type=float, default=None,
+                        help="API price, $ per million input tokens (default 0)")
+    parser.add_argument("--gpu-hour-price", type=float, default=None,
+                        help="$ per GPU-hour")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return parser
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """Run ``sts plan`` with parsed ``args``; prints the plan and returns the exit code
     (0, or 2 for a missing or invalid profile or argument)."""
@@ -274,7 +302,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.plan --profile seed-200qps``."""
+    """``python -m sts_capacity.plan --profile seed-200qps``."""
     parser = add_plan_arguments(argparse.ArgumentParser(
         prog="sts plan", description="GPUs needed for a traffic profile, and the API "
                                      "break-even."))
