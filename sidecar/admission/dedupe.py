@@ -15,7 +15,9 @@ Each id also keeps a 16-bit fingerprint of its request's prompt and ``max_tokens
 (:func:`fingerprint`): a repeat whose fingerprint differs is no replay but another
 request under the same id (a client's key columns that are not unique), marked
 ``id_conflict`` on its ack. It still gets the first one's decision (one id, one answer);
-1 in 65,536 such conflicts goes unnoticed.
+1 in 65,536 such conflicts goes unnoticed. The fingerprint makes each id's decision an int
+of its own (no longer a shared small int): 159 MB at 1M ids, 189 MB after 2M (the same
+benchmark, fingerprints included; 129 MB without them).
 """
 
 from __future__ import annotations
