@@ -30,8 +30,6 @@ from sidecar import one_line
 
 logger = logging.getLogger(__name__)
 
-"""Llama-3.1-8B on one H100 with vLLM (docs/scheduling.md, worked example); replace with a measured figure."""
-
 
 @dataclass
 class CapacityPlan:
@@ -264,9 +262,17 @@ DEFAULT_TOKENS_PER_S = 3400.0
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``sts plan`` options to ``parser`` (returned for chaining)."""
-    parser.add_argument("--profile", required=True,
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--profile",
                         help="traffic profile: a name in conf/profiles (e.g. seed-200qps) "
                              "or a YAML path")
+    source.add_argument("--trace", metavar="FILE",
+                        help="a production trace (.csv: TIMESTAMP, ContextTokens, "
+                             "GeneratedTokens; or .jsonl): its peak over 60 s and its mean "
+                             "output length")
+    parser.add_argument("--trace-rate", type=float, default=None, metavar="REQ_PER_S",
+                        help="--trace: scale its arrival times to this mean rate (its bursts "
+                             "scale with it)")
     parser.add_argument("--tokens-per-s", type=float, default=DEFAULT_TOKENS_PER_S,
                         help="output tokens/s one GPU sustains (default 3400: Llama-3.1-8B "
                              "on one H100, vLLM, ~3,400 output tok/s; replace with your "
@@ -289,15 +295,42 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 def run_plan(args: argparse.Namespace) -> int:
     """Run ``sts plan`` with parsed ``args``; prints the plan and returns the exit code
     (0, or 2 for a missing or invalid profile or argument)."""
+    prices = dict(api_price_per_mtok_out=args.api_price_out, gpu_hour_price=args.gpu_hour_price,
+                  api_price_per_mtok_in=args.api_price_in)
     try:
+        if getattr(args, "trace", None):
+            return _plan_trace(args, prices)
+        if getattr(args, "trace_rate", None) is not None:
+            raise ValueError("--trace-rate needs --trace")
         result = plan(load_profile(args.profile), args.tokens_per_s, args.utilisation,
-                      api_price_per_mtok_out=args.api_price_out,
-                      gpu_hour_price=args.gpu_hour_price,
-                      api_price_per_mtok_in=args.api_price_in, peak_qps=args.peak_qps)
+                      peak_qps=args.peak_qps, **prices)
     except (FileNotFoundError, ValueError) as e:
         print(f"sts: {one_line(e)} (sts plan)", file=sys.stderr)
         return 2
     print(json.dumps(dataclasses.asdict(result), indent=2) if args.json else format_plan(result))
+    return 0
+
+
+def _plan_trace(args: argparse.Namespace, prices: dict) -> int:
+    """``sts plan --trace``: the trace's figures, then the plan for its peak."""
+    from sts_capacity.trace import format_figures, read_trace
+
+    trace = read_trace(args.trace)
+    if args.trace_rate is not None:
+        trace = trace.scaled(rate=args.trace_rate)
+    figures = trace.figures()
+    result = dataclasses.replace(
+        plan(None, args.tokens_per_s, args.utilisation,
+             peak_qps=args.peak_qps or figures.peak_rate,
+             mean_output_tokens=figures.output_tokens["mean"],
+             mean_input_tokens=figures.input_tokens["mean"], **prices),
+        profile=f"trace {trace.name}")
+    if args.json:
+        print(json.dumps({"trace": dataclasses.asdict(figures),
+                          "plan": dataclasses.asdict(result)}, indent=2))
+    else:
+        print(format_figures(trace, figures))
+        print(format_plan(result))
     return 0
 
 
