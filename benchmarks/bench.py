@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.cli_args import DEFAULT_SCHEMES, KAFKA_SCHEMES, SCHEMES
-from benchmarks.generate import generate
+from benchmarks.generate import from_trace, generate
 from sts_capacity.profiles import TrafficProfile, load_profile
 from benchmarks.schemes import RTM_REQUESTS_TOPIC, KafkaPath, RunContext, run_scheme
 from sidecar import ConfigError, write_text_atomically
@@ -72,6 +72,12 @@ class BenchOptions:
     ``<out>/work/kafka`` (labelled ``local`` in the results)."""
     kafka_results_reader: str = "driver"
     """``sts-kafka``: ``kafka.results_reader`` of its pipeline (``driver`` or ``spark``)."""
+    trace: str | None = None
+    """A production trace (``sts_capacity.trace``) replayed instead of the profile's
+    arrivals and lengths: scaled to each rate, its first ``duration_s`` seconds."""
+    trace_max_input_tokens: int | None = None
+    trace_max_output_tokens: int | None = None
+    """The trace's lengths cut to these (an engine's context), counted in the results."""
     answers_topic: str | None = None
     """The Kafka schemes also publish their answers on a topic (``answers.topic``):
     ``microbatch`` (from the answers' change feed) or ``realtime`` (the model's answers
@@ -86,10 +92,34 @@ def _machine() -> dict:
             "reference_cpu_ms": reference_cpu_ms(), "load_average": list(os.getloadavg())}
 
 
+def _offered(opts: BenchOptions, profile: TrafficProfile, rate: float, seed: int,
+             doc: dict) -> list:
+    """The requests of one rate: the profile's, or the trace's (its caps reported in
+    ``doc["trace"]`` and printed)."""
+    if not opts.trace:
+        return generate(profile.with_rate(rate), opts.duration_s, seed=seed)
+    from sts_capacity.trace import read_trace
+
+    requests, caps = from_trace(read_trace(opts.trace), profile, rate=rate,
+                                duration_s=opts.duration_s, seed=seed,
+                                max_input_tokens=opts.trace_max_input_tokens,
+                                max_output_tokens=opts.trace_max_output_tokens)
+    doc.setdefault("trace", {"file": opts.trace, "rates": {}})["rates"][str(rate)] = {
+        "requests": len(requests), **asdict(caps)}
+    print(f"trace {Path(opts.trace).name} at {rate:g}/s: {len(requests)} requests in "
+          f"{opts.duration_s:g} s; cut to the caps: {caps.inputs_capped} prompts, "
+          f"{caps.outputs_capped} outputs", flush=True)
+    return requests
+
+
 def _rates(opts: BenchOptions, profile: TrafficProfile) -> list[float]:
     if opts.rates:
         return sorted(opts.rates)
     base = profile.arrivals.rate_per_s
+    if opts.trace:
+        from sts_capacity.trace import read_trace
+
+        base = round(read_trace(opts.trace).mean_rate, 3)
     factors = (0.25, 0.5, 1, 1.5, 2, 3, 4) if opts.knee else (0.5, 1, 2, 4)
     return [round(base * f, 3) for f in factors]
 
@@ -237,7 +267,7 @@ def run_bench(opts: BenchOptions) -> dict:
                          spark=spark, kafka=kafka, writer=opts.writer)
         print(HEADER, flush=True)
         for i, rate in enumerate(rates):
-            requests = generate(profile.with_rate(rate), opts.duration_s, seed=opts.seed + i)
+            requests = _offered(opts, profile, rate, opts.seed + i, doc)
             for scheme in schemes:
                 started = time.monotonic()
                 result = run_scheme(scheme, ctx, rate, requests)
@@ -308,7 +338,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         trigger_s=args.trigger, out=args.out, knee=args.knee,
         sidecar_config=args.sidecar_config, sidecar_args=args.sidecar_args, seed=args.seed,
         kafka_bootstrap=args.kafka_bootstrap, writer=args.writer,
-        kafka_results_reader=args.kafka_results_reader, answers_topic=args.answers_topic)
+        kafka_results_reader=args.kafka_results_reader, answers_topic=args.answers_topic,
+        trace=args.trace, trace_max_input_tokens=args.trace_max_input_tokens,
+        trace_max_output_tokens=args.trace_max_output_tokens)
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
         raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")

@@ -50,6 +50,16 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "per result partition): the model's answers from the result topic in "
                         "Real-Time Mode (output.triggers.publish: realtime, validation off, "
                         "one result topic)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="replay a production trace (.csv as the Azure LLM inference trace, or "
+                        ".jsonl) instead of the profile's arrivals and lengths: scaled to each "
+                        "rate (default: its own mean rate x 0.5..4), its first --duration "
+                        "seconds; the profile gives the SLAs, the priority mix and the prefix")
+    p.add_argument("--trace-max-input-tokens", type=int, metavar="N",
+                   help="--trace: cut longer prompts to N tokens (an engine's context); "
+                        "counted in bench.json")
+    p.add_argument("--trace-max-output-tokens", type=int, metavar="N",
+                   help="--trace: cut longer outputs to N tokens; counted in bench.json")
     p.add_argument("--kafka-results-reader", choices=["driver", "spark"], default="driver",
                    help="sts-kafka: kafka.results_reader, who reads the result and ack topics "
                         "(default: driver, one consumer on the driver; spark: Spark's Kafka "

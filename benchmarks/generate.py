@@ -1,4 +1,4 @@
-"""The requests a traffic profile generates, and their Spark event rows.
+"""The requests a traffic profile or a production trace generates, and their Spark event rows.
 
 :func:`generate` turns a :class:`~sts_capacity.profiles.TrafficProfile` into
 concrete requests: output lengths are drawn from the real distribution, about
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from sts_capacity.profiles import TrafficProfile
+from sts_capacity.trace import Trace
 
 logger = logging.getLogger(__name__)
 
@@ -120,22 +121,84 @@ def generate(profile: TrafficProfile, duration_s: float, seed: int = 0
     prio = rng.choice(len(names), size=n, p=[profile.priority_mix[p] for p in names])
     inputs = profile.input_tokens.sample(rng, n)
     outputs = profile.output_tokens.sample(rng, n)
-    targets = np.rint(inputs * profile.chars_per_token).astype(np.int64)
+    out = _requests(profile, rng, [float(t) for t in times], [names[k] for k in prio],
+                    [int(x) for x in inputs], [int(x) for x in outputs])
+    logger.debug("Generated %s requests from profile %s (seed %s).", n, profile.name, seed)
+    return out
+
+
+def _requests(profile: TrafficProfile, rng: np.random.Generator, times: list[float],
+              priorities: list[str], inputs: list[int], outputs: list[int]
+              ) -> list[GeneratedRequest]:
+    """The requests with these arrival times, priorities and lengths: each prompt the
+    profile's stable prefix, a reference and ticket sentences up to its input length."""
+    targets = np.rint(np.asarray(inputs, dtype=np.float64) * profile.chars_per_token
+                      ).astype(np.int64)
     filler, starts = _filler(rng, int(targets.max(initial=0)))
-    offsets = starts[rng.integers(0, len(starts), size=n)]
+    offsets = starts[rng.integers(0, len(starts), size=len(times))]
     prefix = profile.stable_prefix
     out = []
-    for i in range(n):
+    for i, (arrival, priority) in enumerate(zip(times, priorities)):
         ref = f"(ref {i:07d}) "
         body = max(0, int(targets[i]) - len(prefix) - len(ref))
         content = ref + filler[offsets[i]:offsets[i] + body]
-        priority = names[prio[i]]
         out.append(GeneratedRequest(
-            index=i, arrival_s=float(times[i]), priority=priority,
-            input_tokens=int(inputs[i]), max_tokens=int(outputs[i]),
-            sla_ms=profile.sla_ms[priority], prompt=prefix + content, content=content))
-    logger.debug("Generated %s requests from profile %s (seed %s).", n, profile.name, seed)
+            index=i, arrival_s=arrival, priority=priority, input_tokens=inputs[i],
+            max_tokens=outputs[i], sla_ms=profile.sla_ms[priority], prompt=prefix + content,
+            content=content))
     return out
+
+
+@dataclass(frozen=True)
+class TraceCaps:
+    """Lengths of a trace beyond what the run's engine takes, cut to its caps: reported
+    with the run, never silently."""
+
+    input_tokens: int | None
+    output_tokens: int | None
+    inputs_capped: int
+    outputs_capped: int
+
+
+def from_trace(trace: Trace, profile: TrafficProfile, *, rate: float, duration_s: float,
+               seed: int = 0, max_input_tokens: int | None = None,
+               max_output_tokens: int | None = None
+               ) -> tuple[list[GeneratedRequest], TraceCaps]:
+    """The requests of ``trace`` scaled to a mean of ``rate`` requests/s and cut to its
+    first ``duration_s`` seconds: each its own arrival time (the bursts kept, scaled),
+    its own prompt length and its own output length as ``max_tokens`` (at least 1).
+    Priorities: the trace's own where it has them, else drawn by the profile's
+    ``priority_mix`` from ``seed``; SLAs, the stable prefix and characters per token are
+    the profile's. Lengths above ``max_input_tokens`` / ``max_output_tokens`` are cut and
+    counted in the returned :class:`TraceCaps`.
+
+    Example:
+        >>> from sts_capacity.profiles import load_profile
+        >>> from sts_capacity.trace import Trace, TraceRequest
+        >>> trace = Trace("t", tuple(TraceRequest(s, 50, 900 if s == 3 else 9)
+        ...                          for s in range(10)))
+        >>> reqs, caps = from_trace(trace, load_profile("cpu-small"), rate=2, duration_s=2,
+        ...                         max_output_tokens=100)
+        >>> [(r.arrival_s, r.max_tokens) for r in reqs], caps.outputs_capped
+        ([(0.0, 9), (0.5, 9), (1.0, 9), (1.5, 100)], 1)
+    """
+    rows = trace.scaled(rate=rate).window(0.0, duration_s).requests
+    rng = np.random.default_rng(seed)
+    names = list(profile.priority_mix)
+    drawn = rng.choice(len(names), size=len(rows), p=[profile.priority_mix[p] for p in names])
+
+    def cut(value: int, cap: int | None) -> int:
+        return value if cap is None else min(value, cap)
+
+    inputs = [cut(r.input_tokens, max_input_tokens) for r in rows]
+    outputs = [max(1, cut(r.output_tokens, max_output_tokens)) for r in rows]
+    caps = TraceCaps(max_input_tokens, max_output_tokens,
+                     sum(r.input_tokens > cut(r.input_tokens, max_input_tokens) for r in rows),
+                     sum(r.output_tokens > cut(r.output_tokens, max_output_tokens)
+                         for r in rows))
+    priorities = [r.priority or names[k] for r, k in zip(rows, drawn)]
+    return _requests(profile, rng, [r.arrival_s for r in rows], priorities, inputs,
+                     outputs), caps
 
 
 def events_for_spark(requests: list[GeneratedRequest], start_epoch_ms: int, *,

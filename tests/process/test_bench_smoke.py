@@ -140,3 +140,21 @@ def test_the_bench_waits_until_the_answered_events_are_on_the_answers_topic(
         _wait_published(pipeline, kafka_broker.bootstrap_servers, topic, {"e1", "e3"},
                         since_ms=since, timeout_s=1)
     assert "1 answered events not on bench-answers-wait after 1 s" in caplog.text
+
+
+def test_bench_replays_a_trace_with_its_gaps_lengths_and_caps(tmp_path: Path) -> None:
+    """``--trace`` on the simulated engine (the engine scheme, no Spark): the trace's
+    requests at the offered rate, in its order, each output as its ``max_tokens``, and
+    the one beyond the cap counted."""
+    trace = tmp_path / "mine.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": i * 0.5, "input_tokens": 40,
+                                         "output_tokens": 300 if i == 3 else 5 + i}) + "\n"
+                             for i in range(20)))
+    out = tmp_path / "bench"
+    doc = run_bench(BenchOptions(
+        profile="cpu-small", engine="simulated", rates=[4.0], duration_s=2.5, out=str(out),
+        schemes=["engine"], trace=str(trace), trace_max_output_tokens=64))
+    rates = doc["trace"]["rates"]["4.0"]
+    assert rates["requests"] == 10 and rates["outputs_capped"] == 1, rates
+    (run,) = doc["runs"]
+    assert run["offered"] == 10 and run["answered"] == 10, run
