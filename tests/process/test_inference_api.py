@@ -73,6 +73,18 @@ def _run(queries, done, timeout_s: float = 90.0) -> None:
     wait_until(check, timeout_s, interval_s=0.3, what="the answers")
 
 
+def _kill_with_four_in_flight(landing: Path, sidecar: RemoteSidecar, timeout_s: float) -> None:
+    """Four ``normal`` events a-0..a-3 into ``landing``; once the sidecar accepted them,
+    it is killed (SIGKILL) with them in flight."""
+    (landing / "a.json").write_text("".join(
+        f'{{"id": "a-{i}", "text": "question {i}", "p": "normal"}}\n' for i in range(4)))
+    wait_until(lambda: sidecar.client.stats().accepted >= 4, timeout_s,
+               what="requests accepted")
+    os.kill(sidecar.proc.pid, signal.SIGKILL)
+    sidecar.proc.wait()
+    sidecar.__exit__(None, None, None)
+
+
 def test_a_users_job_gets_one_answer_per_event_into_a_delta_table_by_name(
         spark, tmp_path: Path) -> None:
     """A ``rate`` stream shaped into id + text by the job, answers into a catalog
@@ -128,12 +140,7 @@ def test_a_killed_sidecar_is_answered_by_the_fallback_and_nothing_twice(
     queries = llm.start(requests, answers_writer=lambda a: a.writeStream.foreachBatch(
         _collect([], got)))
     try:
-        (landing / "a.json").write_text("".join(
-            f'{{"id": "a-{i}", "text": "question {i}", "p": "normal"}}\n' for i in range(4)))
-        wait_until(lambda: sidecar.client.stats().accepted >= 4, 60, what="requests accepted")
-        os.kill(sidecar.proc.pid, signal.SIGKILL)  # killed with the four in flight
-        sidecar.proc.wait()
-        first.__exit__(None, None, None)
+        _kill_with_four_in_flight(landing, first, timeout_s=60)
         killed_at = time.time() * 1000
         _run(queries, lambda: len({r["id"] for r in got}) >= 4, timeout_s=60)
         fallbacks = [r for r in got if r["id"].startswith("a-")]
@@ -305,12 +312,7 @@ def test_the_same_job_on_spark_connect_with_its_sidecar_killed(spark_connect,
         return [r.asDict() for r in spark.table(table).collect()]
 
     try:
-        (landing / "a.json").write_text("".join(
-            f'{{"id": "a-{i}", "text": "question {i}", "p": "normal"}}\n' for i in range(4)))
-        wait_until(lambda: sidecar.client.stats().accepted >= 4, 120, what="requests accepted")
-        os.kill(sidecar.proc.pid, signal.SIGKILL)  # killed with the four in flight
-        sidecar.proc.wait()
-        first.__exit__(None, None, None)
+        _kill_with_four_in_flight(landing, first, timeout_s=120)
         fallbacks = [r for r in rows("a-", 4) if r["id"].startswith("a-")]
         with _sidecar(tmp_path, "connect-back", port=port):
             (landing / "b.json").write_text("".join(
