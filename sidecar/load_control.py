@@ -22,6 +22,7 @@ from sidecar.acks import Refusal
 from sidecar.config import SchedulerConfig
 from sidecar.contract import Priority, RefusalReason, now_ms
 from sidecar.estimator import ServiceRateEstimator
+from sidecar.intake_window import IntakeWindows
 from sidecar.pools import Pool, Running
 from sidecar.request_state import SidecarRequest
 
@@ -52,6 +53,8 @@ class LoadControl:
         self._in_flight = in_flight
         self._late = late
         self._pool_list = list(pools.values())
+        self.windows = IntakeWindows(config.max_in_flight, clock=estimator.clock)
+        """The intake window of each priority (:attr:`batch_limit` reads it)."""
         self._pending = dict.fromkeys(pools, 0)
         """Per pool, the requests admitted in the batch being admitted (not yet in their
         queues) less the queued ones the watermarks will shed for them."""
@@ -117,9 +120,10 @@ class LoadControl:
 
     def batch_limit(self, priority: Priority) -> int:
         """Most sequences the engine may hold when a ``priority`` request starts: the
-        engine's ``max_in_flight``, lowered while a higher-priority request that needs
-        a small batch runs (see :attr:`~sidecar.pools.Running.target_batch`)."""
-        limit = self.config.max_in_flight
+        engine's ``max_in_flight``, lowered while higher-priority work is slowed by the
+        work starting beside it (:attr:`windows`) and while a higher-priority request
+        that needs a small batch runs (see :attr:`~sidecar.pools.Running.target_batch`)."""
+        limit = self.windows.limit(priority)
         for pool in self._pool_list:
             if pool.holding and pool.priority < priority:
                 limit = min(limit, *pool.holding.values())
@@ -371,6 +375,47 @@ class LoadControl:
                     return batch
         return None
 
+    def fits_if_held(self, req: SidecarRequest, wait_s: float) -> bool:
+        """Whether ``req``, late at the engine's present speed, would finish in time after
+        waiting ``wait_s`` at the engine's unloaded speed (one sequence alone): what
+        slows the engine is work starting beside it, which narrowing the intake windows
+        below ``req``'s priority holds back (``preemption.hold_lower``). Never for the
+        lowest priority: nothing below it to hold back."""
+        assert req.priority is not None
+        cfg = self.config.preemption
+        if not (cfg.enabled and cfg.hold_lower) or req.priority is max(self.pools):
+            return False
+        service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
+                                             batch=1.0)
+        return self.config.deadline_slack * (wait_s + service_s) * 1000.0 <= self.left_ms(req)
+
+    def slowed_by_others(self, req: SidecarRequest, tpot_s: float) -> bool:
+        """Whether a running ``req`` that decoded at ``tpot_s`` per token so far misses
+        its deadline (less ``delivery_ms`` when set, then the deadline itself) at that
+        speed but would meet it at the engine's unloaded speed (one sequence alone,
+        :class:`~sidecar.estimator.BatchSpeedModel`): what slows it is work starting
+        beside it, so fewer lower starts (``preemption.hold_lower``,
+        :class:`~sidecar.intake_window.IntakeWindows`) can save it, and a request no
+        speed would save holds nothing back."""
+        assert req.priority is not None
+        cfg = self.config.preemption
+        if not (self.config.deadline_admission and cfg.enabled and cfg.hold_lower
+                and self.estimator.warm and tpot_s > 0.0):
+            return False
+        expected = self.estimator.expected_output_tokens(req.priority, req.max_tokens)
+        remaining = max(min(expected, req.max_tokens) - req.output_tokens, 1.0)
+        unloaded_s = self.estimator.speed.tpot(1.0) or tpot_s
+        slack = self.config.deadline_slack
+        for early in self._aims():
+            left_s = self.left_ms(req, early=early) / 1000.0
+            if left_s <= 0.0:
+                continue
+            if slack * remaining * tpot_s <= left_s:
+                return False  # on schedule
+            if slack * remaining * unloaded_s <= left_s:
+                return True
+        return False
+
     def over_any_queue_watermark(self) -> bool:
         """Whether the total queue depth is over the ``low`` or ``normal`` watermark (a
         quick test before :meth:`watermark_victims`)."""
@@ -398,6 +443,9 @@ class LoadControl:
             return None
         assert req.priority is not None
         if self.fit_batch(req, 0.0) is not None:
+            return None
+        if self.fits_if_held(req, 0.0):
+            self.windows.slowed(req.priority)
             return None
         service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                              batch=min(self._in_flight() + 1,

@@ -104,7 +104,8 @@ class _LiveCollector(Collector):
             "preemptions": ("Running requests aborted and requeued for higher-priority work.",
                             s.preemptions),
             "batch_catch_ups": ("Checks at which a running request behind its deadline had "
-                                "lower work held back, then preempted, for a smaller batch.",
+                                "lower work held back, then preempted, for a smaller batch, "
+                                "or narrowed the lower priorities' intake windows.",
                                 s.batch_catch_ups),
         }
         for name, (doc, value) in counters.items():

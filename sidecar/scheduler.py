@@ -425,6 +425,7 @@ class Scheduler:
         ran_in = mean_batch(run.area_at_first, self.slots.area(now), now - run.first_token_at)
         target = self.load.catch_up_batch(req, tpot_s, ran_in or float(self.slots.count))
         if target is None:
+            self._note_slowed(req, tpot_s)
             return
         held = running.target_batch
         if held is not None:
@@ -439,6 +440,23 @@ class Scheduler:
             self._shrink_batch(req, self.slots.count - target,
                                "a running request fell behind its deadline")
 
+    def _note_slowed(self, req: SidecarRequest, tpot_s: float) -> None:
+        """Narrow the intake windows below ``req``'s priority when, decoding at
+        ``tpot_s`` per token, it misses its deadline only because of the work starting
+        beside it (``preemption.hold_lower``, :mod:`sidecar.intake_window`)."""
+        assert req.priority is not None
+        if req.priority is Priority.LOW or not self.load.slowed_by_others(req, tpot_s):
+            return
+        before = self.load.windows.decreases
+        self.load.windows.slowed(req.priority)
+        if self.load.windows.decreases > before:
+            self.counters.catch_ups += 1
+            if self.log_requests:
+                logger.info("Request %s (%s) falls behind its deadline at %.0f ms per "
+                            "token: fewer lower requests start (windows %s).",
+                            req.request_id, req.priority, tpot_s * 1000,
+                            {str(p): self.load.windows.limit(p) for p in Priority})
+
     # ------------------------------------------------------------------ preemption
 
     def _preempt_for_waiting(self) -> None:
@@ -451,8 +469,9 @@ class Scheduler:
             head = pool.head()
             if head is None or self.load.slot_free(head):
                 continue
-            if not pool.has_room_for(head):
-                continue  # its own pool's limit blocks it; lower work is not in the way
+            if not pool.has_room_for(head) or self.load.windows.limit(priority) < \
+                    self.config.max_in_flight:
+                continue  # its own pool's limit or its narrowed window blocks it
             waiting = pool.queued if self.load.preempts_at_once(priority) else \
                 self._at_risk(pool)
             need = waiting - self.order.owed[priority]
@@ -550,6 +569,9 @@ class Scheduler:
                     run.first_token_at = run.last_token_at
                     run.area_at_first = self.slots.area(run.last_token_at)
                     req.first_token_ts = now_ms()
+                    # Its prompt waited behind others': will the rest come in time?
+                    self._note_slowed(req, self.estimator.tpot_s(req.priority,
+                                                                 self.slots.count))
             req.text = progress.text
             req.output_tokens = progress.output_tokens
             if req.output_tokens >= run.check_at and not progress.finished:
@@ -742,6 +764,7 @@ class Scheduler:
                 pool.shed_by_reason[record.reason] += 1
             elif record.status == "ok" and record.finish_ts <= req.deadline_ts:
                 pool.met_deadline += 1
+                self.load.windows.on_time(priority)
         if self.log_requests:
             logger.info("Finished request %s: %s.", rid, record.status)
         self._emit(record)

@@ -73,7 +73,8 @@ class SchedulerStats:
     preemptions: int = 0
     batch_catch_ups: int = 0
     """Checks at which a running request behind its deadline had lower work held back
-    (its first) or preempted (a later one) for a smaller batch."""
+    (its first) or preempted (a later one) for a smaller batch, or narrowed the lower
+    priorities' intake windows (``preemption.hold_lower``)."""
     wait_error_s: dict[Priority, dict[str, float | None]] = field(default_factory=dict)
     """Per pool: ``p50``/``p99`` of actual minus estimated queue wait (seconds) and ``n``."""
     result_channel: ResultChannelStats | None = None

@@ -11,7 +11,9 @@ In order (first refusal wins; all ``shed``, none of them does engine work):
    (``queue_delay_exceeded``; the rule is
    :meth:`~sidecar.load_control.LoadControl.queue_delay_refusal`);
 4. the estimated completion (queue wait + service) is after ``deadline_ts`` even in
-   the smallest batch preemption can give it (``deadline_infeasible``).
+   the smallest batch preemption can give it and even at the engine's unloaded speed,
+   which fewer lower starts can give it (``preemption.hold_lower``;
+   ``deadline_infeasible``).
 
 Both rest on the estimated wait only once a request has completed
 (:meth:`~sidecar.load_control.LoadControl.evidence_wait_s`): before that, nothing the
@@ -50,6 +52,9 @@ class LoadCheck:
         self.wait_s = 0.0
         """The queue wait estimated by the last :meth:`check` that got that far (logged
         against the actual wait when the request starts)."""
+        self.held = False
+        """The last :meth:`check` admitted its request only on the engine's unloaded
+        speed: lower work must start less (``preemption.hold_lower``)."""
 
     def check(self, req: SidecarRequest) -> Refusal | None:
         """The first load refusal of ``req``, or ``None`` when it may queue."""
@@ -67,16 +72,22 @@ class LoadCheck:
         wait_s = load.evidence_wait_s(self.wait_s)
         if refusal := load.queue_delay_refusal(req, wait_s):
             return refusal
+        self.held = False
         if self.config.deadline_admission and load.estimator.warm:
             if load.fit_batch(req, wait_s) is None and not self._fits_with_preemption(req):
-                return self._infeasible(req, wait_s)
+                if not load.fits_if_held(req, wait_s):
+                    return self._infeasible(req, wait_s)
+                self.held = True
         return None
 
     def admit(self, req: SidecarRequest) -> float:
-        """``req`` passed :meth:`check`: it counts as queued for the rest of the batch.
-        Returns its estimated queue wait (seconds)."""
+        """``req`` passed :meth:`check`: it counts as queued for the rest of the batch
+        (and, admitted on the engine's unloaded speed, narrows the intake windows below
+        it). Returns its estimated queue wait (seconds)."""
         assert req.priority is not None
         self.load.admit_pending(req.priority)
+        if self.held:
+            self.load.windows.slowed(req.priority)
         return self.wait_s
 
     def end_batch(self) -> None:
