@@ -101,9 +101,9 @@ def share(pair: Sequence[int]) -> float | None:
     return pair[0] / pair[1] if pair[1] else None
 
 
-def pair_pct(pairs: Sequence[Sequence[int]]) -> str:
-    """Several pairs' shares, one unit: ``72.3 / 52.7 / 57.9 %``."""
-    return " / ".join(pct(share(p))[:-2] for p in pairs) + " %"
+def pcts(shares: Sequence[float | None]) -> str:
+    """Several shares, one unit: ``72.3 / 52.7 / 57.9 %``."""
+    return " / ".join("-" if v is None else f"{v * 100:.1f}" for v in shares) + " %"
 
 
 # Reading the documents ----------------------------------------------------------------
@@ -145,7 +145,7 @@ def goodput_table(docs: list[Doc]) -> Table:
                 f"`{label}`", f"{rate:g}", num(eng["offered"]), pct(eng["goodput"]),
                 f"{pct(kafka['goodput'])} ({times(kafka['goodput'], eng['goodput'])})",
                 f"{pct(files['goodput'])} ({times(files['goodput'], eng['goodput'])})",
-                pair_pct([r["llm_on_time_by_priority"]["high"] for r in (eng, kafka, files)]),
+                pcts([share(r["llm_on_time_by_priority"]["high"]) for r in (eng, kafka, files)]),
                 " / ".join(str(r["final_backlog"]) for r in (eng, kafka, files))])
     return table
 
@@ -164,7 +164,7 @@ def deployed_path_table(docs: list[Doc]) -> Table:
                 f"{kafka['answered']:,} / {files['answered']:,} of {kafka['offered']:,}",
                 both(hop(kafka, "event -> submitted"), hop(files, "event -> submitted")),
                 f"{both(*landed)} ({times(landed[0], landed[1], 2)})",
-                " / ".join(pct(r.get("goodput_readable"))[:-2] for r in (kafka, files)) + " %"])
+                pcts([r.get("goodput_readable") for r in (kafka, files)])])
     return table
 
 
@@ -202,7 +202,8 @@ def trace_table(docs: list[Doc]) -> Table:
         for scheme, run in runs.items():
             lat = run["latency_ms"]
             table.rows.append([
-                SCHEMES.get(scheme, scheme), f"{pct(run['goodput'])} ({times(run['goodput'], engine, 2)})",
+                SCHEMES.get(scheme, scheme),
+                f"{pct(run['goodput'])} ({times(run['goodput'], engine, 2)})",
                 *(of(run["llm_on_time_by_priority"][p]) for p in PRIORITIES),
                 both(lat["p50"], lat["p99"]), num(run["answered"]), num(run["final_backlog"])])
         cut = doc["trace"]["rates"][str(rate)]
@@ -232,8 +233,8 @@ def soak_table(docs: list[Doc]) -> Table:
         first = first or batch
         table.rows.append([
             f"{lo}-{hi}", f"{num(batch)} ms ({times(batch, first, 2)})",
-            f"{num(_median(window, lambda s: (s.get('answers_write_ms') or {}).get('ledger')))} ms",
-            f"{num(_median(window, lambda s: (s.get('answers_write_ms') or {}).get('answers')))} ms",
+            f"{num(_median(window, _write_ms('ledger')))} ms",
+            f"{num(_median(window, _write_ms('answers')))} ms",
             num(window[-1]["table_log_files"]), num(max(s.get("kafka_lag") or 0 for s in window)),
             f"{num(window[-1]['sidecar']['rss_mb'])} MB",
             f"{num(window[-1]['driver_jvm']['rss_mb'])} MB"])
@@ -250,6 +251,11 @@ def soak_table(docs: list[Doc]) -> Table:
 def _median(samples: list[dict], value: Callable[[dict], float | None]) -> float | None:
     found = [v for v in map(value, samples) if v is not None]
     return statistics.median(found) if found else None
+
+
+def _write_ms(step: str) -> Callable[[dict], float | None]:
+    """A soak sample's P50 of one step of the answers micro-batch (``answers_write_ms``)."""
+    return lambda sample: (sample.get("answers_write_ms") or {}).get(step)
 
 
 def realtime_table(docs: list[Doc]) -> Table:
