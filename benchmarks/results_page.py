@@ -178,7 +178,7 @@ def priority_table(docs: list[Doc]) -> Table:
         high = got["high"]
         engine = doc["engine"] + (" (SIMULATION)" if doc["simulated"] else "")
         table.rows.append([
-            f"{doc['settings']['factor']:g}x {doc['capacity']['requests_per_s']} requests/s",
+            f"{doc['settings']['factor']:g}x of {doc['capacity']['requests_per_s']} requests/s",
             engine, f"{high['on_time']} / {high['sent']} ({pct(high['on_time_rate'], 0)})",
             both(high["ok_latency_ms_p50"], high["ok_latency_ms_p99"]),
             pct(got["normal"]["on_time_rate"]), pct(got["low"]["on_time_rate"]),
