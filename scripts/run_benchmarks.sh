@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reproduce benchmarks/RESULTS.md: every benchmark, one after the other (~80 min on 2 cores).
+# The first set of benchmarks/JOURNAL.md, one after the other (~80 min on 2 cores); the
+# figures that hold today and their commands: benchmarks/RESULTS.md.
 #   bash scripts/run_benchmarks.sh [OUT_DIR]      (default benchmarks/results)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,7 +6,7 @@ that time in as a constant. Every micro-batch's code is then new text: it misses
 code cache and janino compiles it again, for each stage that computes the time. Both
 STS queries do (the submit query's ``enqueue_ts`` of events without an event time, the
 answers query's ``_now``): at 200 events/s on 2 cores, a quarter of the driver JVM's
-CPU samples were janino compiling them (benchmarks/RESULTS.md section 33).
+CPU samples were janino compiling them (Java Flight Recorder samples).
 
 :func:`batch_time_ms` reads the same time through ``reflect`` (``String.valueOf`` of
 it, cast back to a number). Spark evaluates ``reflect`` without generating code for it

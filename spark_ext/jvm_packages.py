@@ -51,7 +51,7 @@ LOCAL_FS_PACKAGE = "com.globalmentor:hadoop-bare-naked-local-fs:0.1.0"
 #: none), Hadoop's own local file system starts a ``chmod`` process for every file it
 #: creates and a ``readlink`` for some lookups: at 200 events/s on 2 cores, ~39 processes
 #: a second (~10 with it: Delta's commits go through Hadoop's ``FileContext``, which keeps
-#: its own) and 11-15 ms of each checkpoint write (benchmarks/RESULTS.md section 35).
+#: its own) and 11-15 ms of each checkpoint write (measured with and without it).
 #: The files on disk are the same (checksums included).
 LOCAL_FS_CONF = {
     "spark.hadoop.fs.file.impl": "com.globalmentor.apache.hadoop.fs.BareLocalFileSystem"}

@@ -48,7 +48,7 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 #: machine), with the code cache tiered compilation would have. Without that size the
 #: server's JIT filled its 48 MB within 3 minutes of the demo ("CodeCache is full.
 #: Compiler has been disabled") and ran interpreted from then on (with the size, the
-#: demo's answers micro-batch on Connect 1.5-1.6x faster; benchmarks/RESULTS.md 18).
+#: demo's answers micro-batch on Connect 1.5-1.6x faster).
 JAVA_OPTIONS = LOCAL_JAVA_OPTIONS
 #: Settings every test server gets (``conf`` overrides them).
 BASE_CONF = {

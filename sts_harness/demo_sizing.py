@@ -17,7 +17,7 @@ priority order. So the demo reads the sidecar's warm-up calibration (``GetStats`
    leave to the model (:data:`LLM_SHARE_WITH_L1L2`; every event without L1/L2).
 4. **Pace** (:class:`LivePace`): the calibration is the engine alone; beside Spark on
    the same CPUs it delivers less (70-80 % of it, at times half, on an emulated
-   AVX2-only 2-vCPU machine: RESULTS.md section 27). While the events are replayed,
+   AVX2-only 2-vCPU machine). While the events are replayed,
    the replay runs at the share of its calibrated speed the engine delivers now (the
    scheduler's measured seconds per token at the full batch, ``GetStats``'
    ``scale.capacity_tokens_per_s``), so the overload stays ``factor`` x what the engine
@@ -50,7 +50,7 @@ LLM_SHARE_WITH_L1L2 = 0.56
 #: The part of ``high``'s SLA a ``high`` answer may take at the engine's full batch. Half
 #: of it left `high` 15-74 % within SLA on an emulated AVX2-only CPU, where Spark's path
 #: alone took ~2.4 s of the 8 s and the engine ran slower beside Spark; 35 % gave 49-77 %
-#: (RESULTS.md section 27). A fast CPU's answers stay at the requested ``max_tokens``.
+#: (demo runs on that emulation). A fast CPU's answers stay at the requested ``max_tokens``.
 HIGH_SERVICE_SHARE = 0.35
 
 #: Default overload: offered model requests over the engine's measured capacity. Every

@@ -3,8 +3,8 @@ rows apart afterwards.
 
 A pipeline's first events pay for what is cold: the Python workers' first rows, the
 first result read and answer written, the first append to each table in this driver
-(Delta on Spark also compacts a table's partition on its first append in a driver;
-RESULTS.md section 33). On two cores that is a stall of one to three seconds of the
+(Delta on Spark also compacts a table's partition on its first append in a driver: 1-3 s
+of Spark jobs). On two cores that is a stall of one to three seconds of the
 answers query, which a replay that starts at once measures as late answers. ``sts bench``
 and ``sts demo`` send these events first, wait until every one is answered, then
 replay; their rows stay in the tables (event ids starting with :data:`WARM_UP_PREFIX`)

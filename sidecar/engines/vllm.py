@@ -92,7 +92,7 @@ def cpu_dtype() -> str:
     (AVX512-BF16; AMX with them) and PyTorch uses its AVX-512 kernels, 1.8x the decode
     speed of ``float32`` at batch 8 on such a CPU; else ``float32`` (on AVX2 kernels
     vLLM's CPU bf16 path fails at the first generation). Measured by
-    ``python -m benchmarks.engine_speed`` (RESULTS section 20); ``--engine-arg dtype=...``
+    ``python -m benchmarks.engine_speed``; ``--engine-arg dtype=...``
     overrides it."""
     import torch
 

@@ -3,7 +3,7 @@ scale-up).
 
 A micro-batch waits for its slowest task. The first stream task on a new executor pays
 for its Python worker's start and imports and for starting its GPU's sidecar (seconds
-on a cluster; ~11 s on two shared cores, RESULTS.md section 23), so the whole stream
+on a cluster; ~11 s on two shared cores, measured on a load step), so the whole stream
 stood still at every scale-up. After a scale-up decision :class:`ExecutorWarmup` watches
 the executors register and, while a registered executor has not answered yet, runs the
 sidecar check (:func:`spark_ext.submit.submission.check_sidecars`) with one task per

@@ -5,8 +5,9 @@ lists its folder there.
 
 Why not Spark's own Kafka source for this stream: it plans a Spark job per micro-batch
 with one task per topic partition (four or more: three result topics and the acks), each
-polling from an executor's consumer pool. Measured on 2 cores (RESULTS.md sections 13 and
-17), that made *finished -> answer landed* 1.3-2.4x the files channel's. The answers
+polling from an executor's consumer pool. Measured on 2 cores, that made *finished ->
+answer landed* 1.3-2.4x the files channel's (benchmarks/RESULTS.md, 'The deployed path',
+has today's figures). The answers
 query's input is small (one result row and one ack per request), which is what Spark's
 simple reader is for (:class:`pyspark.sql.datasource.SimpleDataSourceStreamReader`: read
 and offset planning in one step on the driver, no task). Spark's Kafka source stays the

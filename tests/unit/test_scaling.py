@@ -61,7 +61,7 @@ def test_sidecars_each_short_of_a_gpu_ask_for_one_gpu_together() -> None:
 
 
 def test_a_steady_load_at_a_boundary_never_flaps() -> None:
-    """Measured at a steady 12 events/s on one simulated GPU (RESULTS 23): the signal
+    """Measured at a steady 12 events/s on one simulated GPU (a load-step run): the signal
     wandered between 0.9 and 1.1 GPUs, and with rounded values the controller went
     1 -> 2 -> 1 -> 2 within ten minutes. Within the tolerance it holds; a real rise
     past it still scales up."""

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 #: and a reader that opens the table replays up to 99 small JSON commits (measured: +0.06
 #: s for a Spark read, +0.015 s for delta-rs, on local disk). Writing the checkpoints from
 #: a driver thread instead was tried: its Spark jobs took the task slots of both queries
-#: and cost more than it saved on 2 cores (benchmarks/RESULTS.md section 32).
+#: and cost more than it saved on 2 cores (measured, not kept).
 CHECKPOINT_INTERVAL = 100
 #: Table properties of every table the writer creates: deletion vectors off (``deltalake``
 #: reads the tables too), Delta's auto compaction on, so the one writer of a table
@@ -63,7 +63,7 @@ STATS_PROPERTY = "delta.dataSkippingStatsColumns"
 #: (appends come in time order; an id or a label spans every file), ``enqueue_ts`` among
 #: them for the backfill MERGE. Delta's default, the first 32 columns, made each
 #: micro-batch's append of the answers 20-25 % slower (the strings' statistics computed
-#: and kept for nothing; benchmarks/RESULTS.md section 34).
+#: and kept for nothing; measured on 2 cores).
 STATS_COLUMNS = {
     "answers": ("enqueue_ts", "answered_ts"), SHADOW_ANSWERS: ("enqueue_ts", "answered_ts"),
     "requests": ("enqueue_ts", "submit_ts"), "results": ("enqueue_ts", "finish_ts"),
@@ -76,7 +76,7 @@ _STATS_CHOICES = (STATS_PROPERTY, "delta.dataSkippingNumIndexedCols")
 #: (``<version>.crc``, optional in Delta's protocol, written after each commit since Delta
 #: 4.0 for readers to validate the log against and to find protocol and metadata
 #: without reading the log). Computing and writing it was 40-50 ms of each ~250 ms
-#: answers append on 2 cores (benchmarks/RESULTS.md section 34); readers then read
+#: answers append on 2 cores (measured); readers then read
 #: protocol and metadata from the log, from its checkpoint on (one per
 #: :data:`CHECKPOINT_INTERVAL` commits).
 QUERY_CONFS = {"spark.databricks.delta.writeChecksumFile.enabled": "false"}
