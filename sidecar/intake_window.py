@@ -17,7 +17,8 @@ while it is slowed, and the engine fills again as soon as ``high`` keeps its dea
 (TCP's congestion window, with a request's deadline as its loss signal).
 
 On an engine that keeps up, no request falls behind and every window stays at
-``max_in_flight``.
+``max_in_flight``. Off by default: under the seed profile's mixed load the windows
+narrow too far (see ``PreemptionConfig.hold_lower``).
 """
 
 from __future__ import annotations
