@@ -153,17 +153,15 @@ class PreemptionConfig:
     batch stays that small while it runs, instead of refusing it as infeasible."""
 
     hold_lower: bool = False
-    """Off by default (measured below). When a running request falls behind its deadline
-    at its own decode speed but would
-    meet it at the engine's unloaded speed (the prompts that start beside it are
-    prefilled between its decode steps), halve the number of sequences the engine may
-    hold when lower-priority work starts; each of its pool's on-time finishes widens it
-    by one again (:mod:`sidecar.intake_window`). Nothing is preempted for it. The lever
-    that works on an engine of several batches, where ``shrink_batch`` is off, and on
-    one batch where no smaller batch would do. Measured on ten simulated GPUs at 200
-    requests/s: on the Azure coding trace ``high`` in time went from 12 % to 68 % of its
-    requests and total goodput from 54 % to 52 %, but on the seed profile goodput fell
-    from ~93 % to 49 % (the windows narrow too far under mixed load): not yet a default."""
+    """Experimental, off by default. When a running request falls behind its deadline at
+    its own decode speed but would meet it at the speed the warm-up measured (no other
+    prompt prefilled between its decode steps), halve the number of sequences the engine
+    may hold when lower-priority work starts; each on-time finish of a higher priority
+    widens it by a sixteenth again (:mod:`sidecar.intake_window`). A request late at the
+    engine's present speed but in time at that speed is admitted and narrows them too.
+    Nothing is preempted for it. Measured on ten simulated GPUs at 200 requests/s: on the
+    Azure coding trace ``high`` in time alone went from 13 % to 35 % of its requests, for
+    total goodput 53 % -> 46 %; on the seed profile nothing changed (92 %)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_per_request, int) or self.max_per_request < 0:

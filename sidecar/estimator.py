@@ -207,6 +207,26 @@ class BatchSpeedModel:
         return self.tpot(batch) / at if at > 0.0 else 1.0
 
 
+def _interpolate(points: list[tuple[float, float, float]],
+                 batch: float) -> tuple[float, float]:
+    """The (TTFT, TPOT) of sorted ``(batch, ttft, tpot)`` points at ``batch``: linear
+    between the two nearest sizes, the nearest one's beyond them.
+
+    Example:
+        >>> _interpolate([(1.0, 0.02, 0.010), (9.0, 0.06, 0.014)], 5.0)
+        (0.04, 0.012)
+        >>> _interpolate([(1.0, 0.02, 0.010), (9.0, 0.06, 0.014)], 64.0)
+        (0.06, 0.014)
+    """
+    if batch <= points[0][0]:
+        return points[0][1], points[0][2]
+    for (b0, f0, t0), (b1, f1, t1) in zip(points, points[1:]):
+        if batch <= b1:
+            w = (batch - b0) / (b1 - b0)
+            return round(f0 + (f1 - f0) * w, 9), round(t0 + (t1 - t0) * w, 9)
+    return points[-1][1], points[-1][2]
+
+
 class ServiceRateEstimator:
     """Per-pool estimates of queue wait and service time.
 
@@ -241,6 +261,8 @@ class ServiceRateEstimator:
         taught its pool how much of ``max_tokens`` an answer uses."""
         self.calibration: tuple[Any, ...] = ()
         """The samples given to :meth:`calibrate` (the warm-up's timed generations)."""
+        self._clean: list[tuple[float, float, float]] = []
+        """(batch, median TTFT, median TPOT) of each calibrated batch size, by size."""
 
     # -------------------------------------------------------------- observations
 
@@ -280,6 +302,13 @@ class ServiceRateEstimator:
         own figures change: how long a pool's answers are is learnt from its requests."""
         samples = tuple(samples)
         self.calibration = samples
+        by_batch: dict[float, list[Any]] = collections.defaultdict(list)
+        for s in samples:
+            if s.tpot_s is not None:
+                by_batch[float(s.batch)].append(s)
+        self._clean = sorted((b, statistics.median(x.ttft_s for x in group),
+                              statistics.median(x.tpot_s for x in group))
+                             for b, group in by_batch.items())
         for s in samples:
             self._all_ttft.update(s.ttft_s)
             self._ttft_pairs.append((s.ttft_s, float(s.batch)))
@@ -367,6 +396,23 @@ class ServiceRateEstimator:
         tokens = self.expected_output_tokens(priority, max_tokens)
         return (self.ttft_s(priority, batch)
                 + max(tokens - 1.0, 0.0) * self.tpot_s(priority, batch))
+
+    def clean_service_s(self, priority: Priority, *, max_tokens: int,
+                        batch: float) -> float | None:
+        """Expected seconds from dispatch to the last token at ``batch`` sequences on the
+        engine as the warm-up measured it: decoding with no other prompt prefilled
+        between its steps (each calibrated size's median TTFT and TPOT, interpolated
+        between sizes and held beyond them). ``None`` without calibration."""
+        if not self._clean:
+            return None
+        ttft, tpot = _interpolate(self._clean, batch)
+        tokens = self.expected_output_tokens(priority, max_tokens)
+        return ttft + max(tokens - 1.0, 0.0) * tpot
+
+    def clean_tpot_s(self, batch: float) -> float | None:
+        """Seconds per output token at ``batch`` sequences as the warm-up measured it
+        (see :meth:`clean_service_s`); ``None`` without calibration."""
+        return _interpolate(self._clean, batch)[1] if self._clean else None
 
     def completions_per_s(self) -> float:
         """Requests leaving the engine per second over the recent window."""

@@ -11,7 +11,7 @@ would meet it at the engine's unloaded speed (:meth:`LoadControl.slowed_by_other
 <sidecar.load_control.LoadControl.slowed_by_others>`), the window of every lower
 priority is halved (at most once per :data:`DECREASE_EVERY_S`: the starts already
 made need that long to show their effect); each request of a higher priority that
-finishes in time widens it again by one sequence. A lower request starts only while the
+finishes in time widens it again by a sixteenth. A lower request starts only while the
 engine holds fewer sequences than its window, so fewer prompts start beside ``high``
 while it is slowed, and the engine fills again as soon as ``high`` keeps its deadlines
 (TCP's congestion window, with a request's deadline as its loss signal).
@@ -46,7 +46,7 @@ class IntakeWindows:
         >>> w.slowed(Priority.HIGH); w.limit(Priority.LOW)  # within DECREASE_EVERY_S
         32
         >>> w.on_time(Priority.HIGH); w.limit(Priority.LOW)
-        33
+        34
     """
 
     def __init__(self, full: int, *, clock: Callable[[], float]) -> None:
@@ -76,7 +76,9 @@ class IntakeWindows:
                 self.decreases += 1
 
     def on_time(self, priority: Priority) -> None:
-        """A ``priority`` request finished in time: widen the windows below it by one."""
+        """A ``priority`` request finished in time: widen the windows below it by a
+        sixteenth (at least one sequence), so a halved window is whole again after
+        about a dozen on-time finishes, whatever the engine's size."""
         for lower in Priority:
-            if lower > priority and self._limits[lower] < self.full:
-                self._limits[lower] += 1
+            if lower > priority and (limit := self._limits[lower]) < self.full:
+                self._limits[lower] = min(self.full, limit + max(1, limit // 16))

@@ -385,9 +385,11 @@ class LoadControl:
         cfg = self.config.preemption
         if not (cfg.enabled and cfg.hold_lower) or req.priority is max(self.pools):
             return False
-        service_s = self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
-                                             batch=1.0)
-        return self.config.deadline_slack * (wait_s + service_s) * 1000.0 <= self.left_ms(req)
+        service_s = self.estimator.clean_service_s(
+            req.priority, max_tokens=req.max_tokens,
+            batch=min(self._in_flight() + 1, self.config.max_in_flight))
+        return service_s is not None and \
+            self.config.deadline_slack * (wait_s + service_s) * 1000.0 <= self.left_ms(req)
 
     def slowed_by_others(self, req: SidecarRequest, tpot_s: float) -> bool:
         """Whether a running ``req`` that decoded at ``tpot_s`` per token so far misses
@@ -404,7 +406,9 @@ class LoadControl:
             return False
         expected = self.estimator.expected_output_tokens(req.priority, req.max_tokens)
         remaining = max(min(expected, req.max_tokens) - req.output_tokens, 1.0)
-        unloaded_s = self.estimator.speed.tpot(1.0) or tpot_s
+        unloaded_s = self.estimator.clean_tpot_s(self._in_flight())
+        if unloaded_s is None:
+            return False
         slack = self.config.deadline_slack
         for early in self._aims():
             left_s = self.left_ms(req, early=early) / 1000.0

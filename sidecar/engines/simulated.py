@@ -7,7 +7,8 @@ generates no text (answers read ``[simulated] ...``) and is always labelled
 * admit waiting sequences (priority, then arrival) while the batch has fewer
   than ``max_num_seqs`` and their KV footprint fits ``kv_capacity_tokens``;
 * the step lasts ``step_base_ms + step_per_seq_ms * batch`` plus the prefill of
-  newly admitted prompts at ``prefill_tokens_per_s``;
+  newly admitted prompts at ``prefill_tokens_per_s`` (with ``max_num_batched_tokens``,
+  chunked as vLLM V1 does: at most that many tokens a step, a long prompt over several);
 * every running sequence emits one token; a sequence ends after ``max_tokens``;
 * a prefix cache of whole KV blocks (``block_size`` tokens, chained hashes as in vLLM,
   the ``prefix_cache_blocks`` most recently used kept): an admitted prompt's leading
@@ -55,6 +56,14 @@ class SimulatedEngineConfig:
 
     prefill_tokens_per_s: float = 20_000.0
     """Prompt tokens processed per second when a sequence is admitted."""
+
+    max_num_batched_tokens: int = 0
+    """Chunked prefill (vLLM V1's scheduler; ``max_num_batched_tokens``, 8,192 for an API
+    server on an H100): at most this many tokens per step, one per decoding sequence and
+    the rest prompt chunks, first to the sequences admitted first, so a long prompt is
+    prefilled over several steps and no step waits for whole prompts. A sequence's first
+    token comes with the step that ends its prefill. 0: every prompt admitted is
+    prefilled whole in the step it is admitted in (no chunking)."""
 
     kv_capacity_tokens: int = 200_000
     """KV cache size in tokens (prompt plus ``max_tokens`` of each running sequence)."""
@@ -104,6 +113,8 @@ class SimulatedEngineConfig:
         if self.block_size < 1 or self.prefix_cache_blocks < 0:
             raise ValueError(f"{self.block_size=} must be >= 1 and "
                              f"{self.prefix_cache_blocks=} >= 0")
+        if self.max_num_batched_tokens < 0:
+            raise ValueError(f"{self.max_num_batched_tokens=} must be >= 0")
         if self.prefill_tokens_per_s <= 0 or self.kv_capacity_tokens < 1:
             raise ValueError(
                 f"{self.prefill_tokens_per_s=} and {self.kv_capacity_tokens=} must be positive"
@@ -144,7 +155,8 @@ class _SimSeq:
     :class:`_SimStream`, awaits when it is empty: cheaper than an ``asyncio.Queue`` per
     request)."""
 
-    __slots__ = ("request", "out", "waiter", "generated", "footprint", "error", "cached")
+    __slots__ = ("request", "out", "waiter", "generated", "footprint", "error", "cached",
+                 "to_prefill")
 
     def __init__(self, request: EngineRequest) -> None:
         self.request = request
@@ -154,6 +166,8 @@ class _SimSeq:
         self.footprint = len(request.prompt_token_ids) + request.max_tokens
         self.error: BaseException | None = None
         self.cached = 0
+        self.to_prefill = 0
+        """Prompt tokens not prefilled yet (it decodes once this is 0)."""
 
     def fail(self, error: BaseException) -> None:
         """End the stream with ``error`` (raised once the outputs before it are read)."""
@@ -231,6 +245,8 @@ class SimulatedEngine(Engine):
         self._waiting: list[tuple[int, int, _SimSeq]] = []
         self._running: dict[str, _SimSeq] = {}
         self._kv_used = 0
+        self._prefilling = 0
+        """Running sequences whose prompt is not wholly prefilled yet."""
         self._arrivals = itertools.count()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -307,6 +323,8 @@ class SimulatedEngine(Engine):
             return
         if self._running.pop(seq.request.request_id, None) is seq:
             self._kv_used -= seq.footprint
+            if seq.to_prefill:
+                self._prefilling -= 1
         else:
             self._waiting = [w for w in self._waiting if w[2] is not seq]
             heapq.heapify(self._waiting)
@@ -327,6 +345,7 @@ class SimulatedEngine(Engine):
         for seq in [*self._running.values(), *(w[2] for w in self._waiting)]:
             seq.fail(error)
         self._running.clear()
+        self._prefilling = 0
         self._waiting.clear()
         self._kv_used = 0
 
@@ -350,7 +369,6 @@ class SimulatedEngine(Engine):
             if not self._running and not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
-            prefill_tokens = 0
             while self._waiting and len(self._running) < cfg.max_num_seqs:
                 seq = self._waiting[0][2]
                 if self._running and self._kv_used + seq.footprint > cfg.kv_capacity_tokens:
@@ -361,13 +379,17 @@ class SimulatedEngine(Engine):
                 ids = seq.request.prompt_token_ids
                 if cfg.prefix_cache_blocks:
                     seq.cached = self._lookup_and_cache(ids)
-                prefill_tokens += len(ids) - seq.cached
+                seq.to_prefill = len(ids) - seq.cached
+                self._prefilling += 1
             batch = len(self._running)
+            prefill_tokens = self._prefill_step(batch) if self._prefilling else 0
             await asyncio.sleep(cfg.step_seconds(batch) + prefill_tokens / cfg.prefill_tokens_per_s)
             if cfg.text is not template:
                 texts.clear()
                 template = cfg.text
             for rid, seq in list(self._running.items()):
+                if seq.to_prefill:
+                    continue  # its prompt is still being prefilled
                 seq.generated += 1
                 done = seq.generated >= seq.request.max_tokens
                 if seq.generated == 1 or done or (
@@ -382,6 +404,27 @@ class SimulatedEngine(Engine):
                 if done:
                     del self._running[rid]
                     self._kv_used -= seq.footprint
+
+    def _prefill_step(self, batch: int) -> int:
+        """Prefill this step's prompt chunks, first to the sequences admitted first:
+        whole prompts without chunking, else what ``max_num_batched_tokens`` leaves after
+        one token per decoding sequence. Returns the tokens prefilled."""
+        budget = self.config.max_num_batched_tokens
+        if budget:
+            budget -= batch - self._prefilling  # one token per decoding sequence
+        done = 0
+        for seq in self._running.values():
+            if not seq.to_prefill:
+                continue
+            chunk = seq.to_prefill if not self.config.max_num_batched_tokens \
+                else min(seq.to_prefill, max(budget - done, 0))
+            if chunk <= 0:
+                break
+            seq.to_prefill -= chunk
+            done += chunk
+            if not seq.to_prefill:
+                self._prefilling -= 1
+        return done
 
     async def shutdown(self) -> None:
         if timer := self._fail_timer:
