@@ -495,8 +495,12 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
         pipeline.start()
         try:
             answers = _run_until(pipeline, lambda a: len(a) == 3)
-            wait_until(lambda: 'sts_spark_batches_total{query="sts-answers"}' in _scrape(pipeline),
-                       30, what="the listener saw the answers batch")
+            # The listener hears each query's progress on its own: the answers batch and
+            # the submit batch's rows, in either order.
+            wait_until(lambda: all(line in _scrape(pipeline) for line in (
+                'sts_spark_batches_total{query="sts-answers"}',
+                'sts_spark_input_rows_total{query="sts-submit"} 3.0')),
+                30, what="the listener saw the answers batch and the submitted rows")
             metrics = _scrape(pipeline)
         finally:
             pipeline.stop()
