@@ -104,8 +104,9 @@ def _offered(opts: BenchOptions, profile: TrafficProfile, rate: float, seed: int
                                 duration_s=opts.duration_s, seed=seed,
                                 max_input_tokens=opts.trace_max_input_tokens,
                                 max_output_tokens=opts.trace_max_output_tokens)
-    doc.setdefault("trace", {"file": opts.trace, "rates": {}})["rates"][str(rate)] = {
-        "requests": len(requests), **asdict(caps)}
+    doc.setdefault("trace", {"file": opts.trace, "rates": {},
+                             "output_lengths": "forced (engine.ignore_eos)"})["rates"][
+        str(rate)] = {"requests": len(requests), **asdict(caps)}
     print(f"trace {Path(opts.trace).name} at {rate:g}/s: {len(requests)} requests in "
           f"{opts.duration_s:g} s; cut to the caps: {caps.inputs_capped} prompts, "
           f"{caps.outputs_capped} outputs", flush=True)
@@ -179,6 +180,8 @@ def _sidecar_args(opts: BenchOptions, sidecar_id: str | None = None) -> list[str
         args = ["--config", str(Path(opts.sidecar_config).resolve()), *args]
     if opts.model:
         args += ["--model", opts.model]
+    if opts.trace:  # the trace's output lengths hold on a real engine too
+        args += ["--set", "engine.ignore_eos=true"]
     return args + list(opts.sidecar_args)
 
 

@@ -44,8 +44,16 @@ class EngineConfig:
     simulated: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for :class:`sidecar.engines.simulated.SimulatedEngineConfig`."""
 
+    ignore_eos: bool = False
+    """Load tests only: every answer runs to its ``max_tokens`` (vLLM's ``ignore_eos``, as
+    vLLM's own serving benchmark sets it), so a replayed trace keeps its output lengths.
+    The simulated engine always does; ``sts bench --trace --engine vllm`` sets it."""
+
     def __post_init__(self) -> None:
         ENGINES.check(self.kind)
+        if not isinstance(self.ignore_eos, bool):
+            raise SidecarConfigError(
+                f"engine.ignore_eos={self.ignore_eos!r} must be true or false")
 
 
 @dataclass

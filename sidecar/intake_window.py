@@ -7,7 +7,7 @@ small the batch. Under prefill-heavy traffic (long prompts, short answers: a cod
 assistant's) ``high`` then misses its deadline in the engine although the dispatcher
 always starts it first. The sidecar cannot see the engine's steps, but it sees each
 request's own speed: when a running request falls behind its deadline at its speed but
-would meet it at the engine's unloaded speed (:meth:`LoadControl.slowed_by_others
+would meet it at the speed the warm-up measured (:meth:`LoadControl.slowed_by_others
 <sidecar.load_control.LoadControl.slowed_by_others>`), the window of every lower
 priority is halved (at most once per :data:`DECREASE_EVERY_S`: the starts already
 made need that long to show their effect); each request of a higher priority that

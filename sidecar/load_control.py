@@ -354,8 +354,7 @@ class LoadControl:
         if not (self.config.deadline_admission and cfg.enabled and cfg.shrink_batch
                 and self.estimator.warm and tpot_s > 0.0):
             return None
-        expected = self.estimator.expected_output_tokens(req.priority, req.max_tokens)
-        remaining = max(min(expected, req.max_tokens) - req.output_tokens, 1.0)
+        remaining = self._tokens_left(req)
         slack = self.config.deadline_slack
         speed = self.estimator.speed
         now_in = self._in_flight()
@@ -377,7 +376,8 @@ class LoadControl:
 
     def fits_if_held(self, req: SidecarRequest, wait_s: float) -> bool:
         """Whether ``req``, late at the engine's present speed, would finish in time after
-        waiting ``wait_s`` at the engine's unloaded speed (one sequence alone): what
+        waiting ``wait_s`` at the speed the warm-up measured at the batch it would join
+        (no prompt prefilled beside it; ``False`` without calibration): what
         slows the engine is work starting beside it, which narrowing the intake windows
         below ``req``'s priority holds back (``preemption.hold_lower``). Never for the
         lowest priority: nothing below it to hold back."""
@@ -391,11 +391,18 @@ class LoadControl:
         return service_s is not None and \
             self.config.deadline_slack * (wait_s + service_s) * 1000.0 <= self.left_ms(req)
 
+    def _tokens_left(self, req: SidecarRequest) -> float:
+        """Output tokens a running ``req`` is still expected to generate (at least 1)."""
+        assert req.priority is not None
+        expected = self.estimator.expected_output_tokens(req.priority, req.max_tokens)
+        return max(min(expected, req.max_tokens) - req.output_tokens, 1.0)
+
     def slowed_by_others(self, req: SidecarRequest, tpot_s: float) -> bool:
         """Whether a running ``req`` that decoded at ``tpot_s`` per token so far misses
         its deadline (less ``delivery_ms`` when set, then the deadline itself) at that
-        speed but would meet it at the engine's unloaded speed (one sequence alone,
-        :class:`~sidecar.estimator.BatchSpeedModel`): what slows it is work starting
+        speed but would meet it at the speed the warm-up measured at the present batch
+        (:meth:`~sidecar.estimator.ServiceRateEstimator.clean_tpot_s`: no prompt
+        prefilled beside it): what slows it is work starting
         beside it, so fewer lower starts (``preemption.hold_lower``,
         :class:`~sidecar.intake_window.IntakeWindows`) can save it, and a request no
         speed would save holds nothing back."""
@@ -404,8 +411,7 @@ class LoadControl:
         if not (self.config.deadline_admission and cfg.enabled and cfg.hold_lower
                 and self.estimator.warm and tpot_s > 0.0):
             return False
-        expected = self.estimator.expected_output_tokens(req.priority, req.max_tokens)
-        remaining = max(min(expected, req.max_tokens) - req.output_tokens, 1.0)
+        remaining = self._tokens_left(req)
         unloaded_s = self.estimator.clean_tpot_s(self._in_flight())
         if unloaded_s is None:
             return False

@@ -32,6 +32,25 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
+class PromptPlan:
+    """The fleet when prompts are counted too (:func:`plan` with ``prefill_tokens_per_s``):
+    each GPU's second goes to decoding output tokens and to prefilling prompt tokens."""
+
+    prefill_tokens_per_s: float
+    """Prompt tokens/s one GPU prefills."""
+
+    required_prompt_tokens_per_s: float
+    """``peak_qps * mean_input_tokens``."""
+
+    gpus_exact: float
+    """``(required_tokens_per_s / tokens_per_s_per_gpu + required_prompt_tokens_per_s /
+    prefill_tokens_per_s) / target_utilisation``."""
+
+    gpus: int
+    """``ceil(gpus_exact)`` (at least 1)."""
+
+
+@dataclass
 class CapacityPlan:
     """The result of :func:`plan`. Cost fields are ``None`` when prices were not given."""
 
@@ -99,6 +118,9 @@ class CapacityPlan:
     utilisation cannot carry enough traffic to pay for itself, and neither can
     more GPUs: the API is cheaper at any rate."""
 
+    prompts: PromptPlan | None = None
+    """The fleet with the prompts' prefill counted too (``None`` unless asked for)."""
+
 
 def _positive(name: str, value: float | None) -> None:
     if value is not None and not (isinstance(value, (int, float)) and value > 0):
@@ -112,7 +134,8 @@ def plan(profile: TrafficProfile | None, tokens_per_s_per_gpu: float,
          api_price_per_mtok_in: float | None = None,
          peak_qps: float | None = None,
          mean_output_tokens: float | None = None,
-         mean_input_tokens: float | None = None) -> CapacityPlan:
+         mean_input_tokens: float | None = None,
+         prefill_tokens_per_s: float | None = None) -> CapacityPlan:
     """Size a GPU fleet for ``profile`` and, given prices, find the self-host/API break-even.
 
     Formulas (seed 6.1 and 8.1):
@@ -141,6 +164,10 @@ def plan(profile: TrafficProfile | None, tokens_per_s_per_gpu: float,
         peak_qps: Overrides the profile's peak rate.
         mean_output_tokens: Overrides the profile's mean output length.
         mean_input_tokens: Overrides the profile's mean input length.
+        prefill_tokens_per_s: Prompt tokens/s one GPU prefills: when given, the plan
+            also counts the prompts (:attr:`CapacityPlan.prompts`), which the seed's
+            formula leaves out; on long prompts they can cost more GPU time than the
+            output.
 
     Returns:
         A :class:`CapacityPlan`.
@@ -181,8 +208,30 @@ def plan(profile: TrafficProfile | None, tokens_per_s_per_gpu: float,
         headroom=1.0 - utilisation, max_qps_per_gpu=per_gpu / mean_out,
         gpu_hour_price=gpu_hour_price, api_price_per_mtok_out=api_price_per_mtok_out)
     _add_costs(result, api_price_per_mtok_in)
+    if prefill_tokens_per_s is not None:
+        result.prompts = _prompt_plan(result, prefill_tokens_per_s)
     logger.debug("Plan for %s: %s GPUs.", result.profile, gpus)
     return result
+
+
+def _prompt_plan(p: CapacityPlan, prefill_tokens_per_s: float) -> PromptPlan:
+    """The fleet for ``p`` with its prompts' prefill counted too.
+
+    Example:
+        >>> p = plan(None, 1000, 0.5, peak_qps=10, mean_output_tokens=100,
+        ...          mean_input_tokens=2000, prefill_tokens_per_s=10_000)
+        >>> p.gpus, p.prompts.required_prompt_tokens_per_s, p.prompts.gpus
+        (2, 20000.0, 6)
+    """
+    _positive("prefill_tokens_per_s", prefill_tokens_per_s)
+    if p.mean_input_tokens is None:
+        raise ValueError("prefill_tokens_per_s needs mean_input_tokens (or a profile)")
+    prompt_rate = p.peak_qps * p.mean_input_tokens
+    exact = (p.required_tokens_per_s / p.tokens_per_s_per_gpu
+             + prompt_rate / prefill_tokens_per_s) / p.target_utilisation
+    return PromptPlan(prefill_tokens_per_s=float(prefill_tokens_per_s),
+                      required_prompt_tokens_per_s=prompt_rate, gpus_exact=exact,
+                      gpus=max(1, math.ceil(exact - 1e-9)))
 
 
 def _check_prices(peak: float, mean_out: float, mean_in: float | None,
@@ -240,6 +289,18 @@ def format_plan(p: CapacityPlan) -> str:
         "Running, each sidecar applies this formula to its last 60 s: "
         "sts_sidecar_desired_gpus on its /metrics (docs/metrics.md, scale signal).",
     ]
+    if (q := p.prompts) is not None:
+        lines.append(
+            f"With prompts: {q.required_prompt_tokens_per_s:,.0f} prompt tokens/s; "
+            f"({p.required_tokens_per_s:,.0f} / {p.tokens_per_s_per_gpu:,.0f} + "
+            f"{q.required_prompt_tokens_per_s:,.0f} / {q.prefill_tokens_per_s:,.0f} prefill "
+            f"tok/s) / {p.target_utilisation:.2f} = {q.gpus_exact:,.2f} -> {q.gpus} GPUs")
+    elif p.mean_input_tokens is not None and \
+            p.mean_input_tokens >= LONG_PROMPTS * p.mean_output_tokens:
+        lines.append(
+            f"Prompts average {p.mean_input_tokens:,.0f} tokens, "
+            f"{p.mean_input_tokens / p.mean_output_tokens:,.0f}x the output: this formula "
+            "counts output tokens only; --prefill-tokens-per-s counts their prefill too.")
     if p.gpu_cost_per_hour is not None:
         lines.append(f"Self-hosted: {p.gpus} x ${p.gpu_hour_price:,.2f}/h = "
                      f"${p.gpu_cost_per_hour:,.2f}/h")
@@ -259,6 +320,10 @@ def format_plan(p: CapacityPlan) -> str:
 #: Output tokens/s of one GPU when none is measured: Llama-3.1-8B on one H100 with vLLM.
 DEFAULT_TOKENS_PER_S = 3400.0
 
+#: Prompts this many times longer than the output on average get a line saying the
+#: formula leaves their prefill out.
+LONG_PROMPTS = 4.0
+
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``sts plan`` options to ``parser`` (returned for chaining)."""
@@ -277,6 +342,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="output tokens/s one GPU sustains (default 3400: Llama-3.1-8B "
                              "on one H100, vLLM, ~3,400 output tok/s; replace with your "
                              "measured figure)")
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=None,
+                        help="prompt tokens/s one GPU prefills (e.g. 20000 for an 8B model on "
+                             "one H100): count the prompts too, which the seed's formula "
+                             "leaves out (default: not counted)")
     parser.add_argument("--utilisation", type=float, default=0.7,
                         help="target utilisation at peak, in (0, 1] (seed: 0.6-0.75; "
                              "default 0.7)")
@@ -296,7 +365,8 @@ def run_plan(args: argparse.Namespace) -> int:
     """Run ``sts plan`` with parsed ``args``; prints the plan and returns the exit code
     (0, or 2 for a missing or invalid profile or argument)."""
     prices = dict(api_price_per_mtok_out=args.api_price_out, gpu_hour_price=args.gpu_hour_price,
-                  api_price_per_mtok_in=args.api_price_in)
+                  api_price_per_mtok_in=args.api_price_in,
+                  prefill_tokens_per_s=getattr(args, "prefill_tokens_per_s", None))
     try:
         if getattr(args, "trace", None):
             return _plan_trace(args, prices)

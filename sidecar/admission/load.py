@@ -11,7 +11,7 @@ In order (first refusal wins; all ``shed``, none of them does engine work):
    (``queue_delay_exceeded``; the rule is
    :meth:`~sidecar.load_control.LoadControl.queue_delay_refusal`);
 4. the estimated completion (queue wait + service) is after ``deadline_ts`` even in
-   the smallest batch preemption can give it and even at the engine's unloaded speed,
+   the smallest batch preemption can give it and even at the speed the warm-up measured,
    which fewer lower starts can give it (``preemption.hold_lower``;
    ``deadline_infeasible``).
 
@@ -82,7 +82,7 @@ class LoadCheck:
 
     def admit(self, req: SidecarRequest) -> float:
         """``req`` passed :meth:`check`: it counts as queued for the rest of the batch
-        (and, admitted on the engine's unloaded speed, narrows the intake windows below
+        (and, admitted on the warm-up's speed, narrows the intake windows below
         it). Returns its estimated queue wait (seconds)."""
         assert req.priority is not None
         self.load.admit_pending(req.priority)

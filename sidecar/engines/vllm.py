@@ -188,6 +188,7 @@ class VllmEngine(Engine):
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             seed=request.seed,
+            ignore_eos=self.config.ignore_eos,
             output_kind=RequestOutputKind.CUMULATIVE,
         )
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)

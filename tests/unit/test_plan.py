@@ -10,6 +10,7 @@ import pytest
 
 from sts_capacity.plan import add_plan_arguments, format_plan, plan, run_plan
 from sts_capacity.profiles import TrafficProfile, load_profile
+from tests.utils import REPO
 
 
 def test_seed_example_gpu_counts() -> None:
@@ -150,3 +151,36 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_plan(_parse("--profile", "no-such-profile")) == 2
     assert run_plan(_parse("--profile", "seed-200qps", "--utilisation", "1.5")) == 2
     assert "target_utilisation" in capsys.readouterr().err
+
+
+def test_prompts_counted_when_their_prefill_rate_is_given() -> None:
+    """The seed's formula counts output tokens only; with a prefill rate, each GPU's
+    second is shared between decoding and prefilling, and long prompts dominate."""
+    p = plan(None, 3400, 0.7, peak_qps=200, mean_output_tokens=28, mean_input_tokens=2048,
+             prefill_tokens_per_s=20_000)
+    assert p.gpus == 3  # the seed's formula, unchanged
+    assert p.prompts is not None and p.prompts.required_prompt_tokens_per_s == 409_600
+    assert p.prompts.gpus == math.ceil((200 * 28 / 3400 + 409_600 / 20_000) / 0.7) == 32
+    assert "With prompts: 409,600 prompt tokens/s" in format_plan(p)
+    assert plan(None, 3400, peak_qps=200, mean_output_tokens=28).prompts is None
+    with pytest.raises(ValueError, match="needs mean_input_tokens"):
+        plan(None, 3400, peak_qps=200, mean_output_tokens=28, prefill_tokens_per_s=20_000)
+    with pytest.raises(ValueError, match="prefill_tokens_per_s"):
+        plan(None, 3400, peak_qps=1, mean_output_tokens=1, mean_input_tokens=1,
+             prefill_tokens_per_s=0)
+
+
+def test_long_prompts_are_pointed_out_when_not_counted() -> None:
+    long_prompts = plan(None, 3400, peak_qps=200, mean_output_tokens=28, mean_input_tokens=2048)
+    assert "73x the output" in format_plan(long_prompts)
+    short = plan(None, 3400, peak_qps=200, mean_output_tokens=115, mean_input_tokens=380)
+    assert "--prefill-tokens-per-s" not in format_plan(short)
+
+
+def test_cli_trace_with_prefill(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = REPO / "benchmarks" / "traces" / "azure-llm-inference-2023-code.csv"
+    rc = run_plan(_parse("--trace", str(trace),
+                         "--trace-rate", "200", "--prefill-tokens-per-s", "20000", "--json"))
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["gpus"] == 3 and out["plan"]["prompts"]["gpus"] == 31
