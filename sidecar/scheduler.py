@@ -569,9 +569,10 @@ class Scheduler:
                     run.first_token_at = run.last_token_at
                     run.area_at_first = self.slots.area(run.last_token_at)
                     req.first_token_ts = now_ms()
-                    # Its prompt waited behind others': will the rest come in time?
-                    self._note_slowed(req, self.estimator.tpot_s(req.priority,
-                                                                 self.slots.count))
+                    if self.config.preemption.hold_lower:
+                        # Its prompt waited behind others': will the rest come in time?
+                        self._note_slowed(req, self.estimator.tpot_s(req.priority,
+                                                                     self.slots.count))
             req.text = progress.text
             req.output_tokens = progress.output_tokens
             if req.output_tokens >= run.check_at and not progress.finished:
