@@ -78,6 +78,13 @@ class BenchOptions:
     trace_max_input_tokens: int | None = None
     trace_max_output_tokens: int | None = None
     """The trace's lengths cut to these (an engine's context), counted in the results."""
+    cpu_split: str = "auto"
+    """How the real engine on the CPU shares this machine with Spark, the same for every
+    scheme: ``pinned`` (Spark's JVM, its Python workers and the bench's own clients on
+    every CPU but CPU 0, where vLLM's CPU backend binds its decode thread, Spark at nice
+    +10; as on a GPU node, the decode never shares its core with Spark), ``shared`` (no
+    affinity, as a CPU user who starts both meets it), ``auto`` (``pinned`` where it can
+    be: the ``vllm`` engine on the CPU of a machine with more than one CPU)."""
     answers_topic: str | None = None
     """The Kafka schemes also publish their answers on a topic (``answers.topic``):
     ``microbatch`` (from the answers' change feed) or ``realtime`` (the model's answers
@@ -229,6 +236,7 @@ def run_bench(opts: BenchOptions) -> dict:
             raise ConfigError(f"{work} exists and was not made by sts bench; "
                               "choose another folder (--out)")
         shutil.rmtree(work)  # an earlier run's scratch folder (it holds our marker)
+    split = resolve_cpu_split(opts.cpu_split, opts.engine)
     work.mkdir()
     (work / _WORK_MARKER).write_text("scratch folder of sts bench\n", encoding="utf-8")
     schemes = ["engine"] if opts.knee else list(opts.schemes)
@@ -260,11 +268,15 @@ def run_bench(opts: BenchOptions) -> dict:
                             "results_reader": kafka.results_reader,
                             "sidecar": "a second sidecar, the same flags plus the kafka "
                                        "result channel; idle while the other schemes run"}
+        doc["cpu_split"] = _apply_cpu_split(stack, split)
         if any(s != "engine" for s in schemes):
             from spark_ext.session import session_scope
+            from sts_harness.demo import in_thread_at_niceness
 
             # Spark stops before the sidecar; an active session (notebook, tests) is kept.
-            spark = stack.enter_context(session_scope("sts-bench"))
+            spark = in_thread_at_niceness(
+                lambda: stack.enter_context(session_scope("sts-bench")),
+                doc["cpu_split"]["spark_niceness"])
         ctx = RunContext(client=sidecar.client, results_dir=work / "results", work_dir=work,
                          profile=profile, duration_s=opts.duration_s, trigger_s=opts.trigger_s,
                          spark=spark, kafka=kafka, writer=opts.writer)
@@ -296,6 +308,44 @@ def run_bench(opts: BenchOptions) -> dict:
     write_text_atomically(out / "bench.json", json.dumps(doc, indent=1))
     print(f"wrote {out / 'bench.json'} and {len(doc['plots'])} plots", flush=True)
     return doc
+
+
+CPU_SPLITS: tuple[str, ...] = ("auto", "pinned", "shared")
+
+
+def resolve_cpu_split(split: str, engine: str) -> dict:
+    """``--cpu-split`` made concrete for ``engine`` on this machine: ``{"mode": "pinned",
+    "spark_cpus": [...]}`` or ``{"mode": "shared", "spark_cpus": None}``; a
+    :class:`~sidecar.ConfigError` for ``pinned`` where nothing can be kept apart."""
+    from sts_harness.demo import spark_cpus
+
+    if split not in CPU_SPLITS:
+        raise ConfigError(f"--cpu-split {split!r} must be one of {', '.join(CPU_SPLITS)}")
+    cpus = spark_cpus(engine)
+    if split == "pinned" and cpus is None:
+        raise ConfigError(f"--cpu-split pinned needs the vllm engine on the CPU of a machine "
+                          f"with more than one CPU (engine {engine!r} here); use shared or auto")
+    if split == "shared" or cpus is None:
+        return {"mode": "shared", "spark_cpus": None}
+    return {"mode": "pinned", "spark_cpus": sorted(cpus)}
+
+
+def _apply_cpu_split(stack: contextlib.ExitStack, split: dict) -> dict:
+    """Pin this process (the bench's clients, and the Spark it starts next) to
+    ``split["spark_cpus"]`` until ``stack`` closes; the sidecars started before keep every
+    CPU. Returns what ``bench.json`` records under ``cpu_split``."""
+    from sts_harness.demo import SPARK_NICENESS
+
+    if split["mode"] != "pinned":
+        print("CPU split: shared (the engine, Spark and the clients on every CPU)", flush=True)
+        return {**split, "engine_cpus": None, "spark_niceness": 0}
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, split["spark_cpus"])
+    stack.callback(os.sched_setaffinity, 0, previous)
+    engine_cpus = sorted(previous - set(split["spark_cpus"]))
+    print(f"CPU split: pinned (the engine's decode on CPUs {engine_cpus}; Spark at nice "
+          f"+{SPARK_NICENESS} and the bench's clients on CPUs {split['spark_cpus']})", flush=True)
+    return {**split, "engine_cpus": engine_cpus, "spark_niceness": SPARK_NICENESS}
 
 
 def _kafka_path(stack: contextlib.ExitStack, opts: BenchOptions, out: Path, work: Path,
@@ -343,7 +393,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         kafka_bootstrap=args.kafka_bootstrap, writer=args.writer,
         kafka_results_reader=args.kafka_results_reader, answers_topic=args.answers_topic,
         trace=args.trace, trace_max_input_tokens=args.trace_max_input_tokens,
-        trace_max_output_tokens=args.trace_max_output_tokens)
+        trace_max_output_tokens=args.trace_max_output_tokens, cpu_split=args.cpu_split)
     unknown = set(opts.schemes) - set(SCHEMES)
     if unknown:
         raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEMES} (--schemes)")

@@ -60,6 +60,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "counted in bench.json")
     p.add_argument("--trace-max-output-tokens", type=int, metavar="N",
                    help="--trace: cut longer outputs to N tokens; counted in bench.json")
+    p.add_argument("--cpu-split", choices=["auto", "pinned", "shared"], default="auto",
+                   help="the real engine on the CPU, for every scheme alike: pinned (Spark and "
+                        "the bench's clients off CPU 0, where vLLM decodes, Spark at nice +10: "
+                        "as on a GPU node), shared (no affinity, as a CPU user meets it); auto "
+                        "(default): pinned where it can be; recorded in bench.json")
     p.add_argument("--kafka-results-reader", choices=["driver", "spark"], default="driver",
                    help="sts-kafka: kafka.results_reader, who reads the result and ack topics "
                         "(default: driver, one consumer on the driver; spark: Spark's Kafka "

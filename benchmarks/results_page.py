@@ -219,6 +219,40 @@ def trace_table(docs: list[Doc]) -> Table:
 SOAK_WINDOWS = ((2, 6), (26, 30), (56, 60))
 
 
+def above_knee_table(docs: list[Doc]) -> Table:
+    """The real engine below and above its knee, a CPU split per document: goodput and
+    `high` for the engine alone, the pipeline (its rows readable by the deadline) and the
+    concurrent baseline, with the engine's tokens/s under each."""
+    table = Table(["CPU split", "events/s", "goodput: engine / `sts` / concurrent",
+                   "`sts` readable in time (x engine)",
+                   "`high` in time: engine / `sts` readable / concurrent",
+                   "`sts` `high` x engine", "shares in order: engine / `sts`",
+                   "engine tokens/s"], "lrrrrrlr")
+    for _, doc in docs:
+        split = doc.get("cpu_split", {}).get("mode", "shared")
+        for rate, runs in by_rate(doc).items():
+            eng, sts, conc = runs["engine"], runs["sts"], runs["baseline-concurrent"]
+            readable = sts["llm_readable_on_time_by_priority"]
+            high = [eng["llm_on_time_by_priority"]["high"], readable["high"],
+                    conc["llm_on_time_by_priority"]["high"]]
+            ordered = [_in_order(eng["llm_on_time_by_priority"]), _in_order(readable)]
+            table.rows.append([
+                split, f"{rate:g}", pcts([r["goodput"] for r in (eng, sts, conc)]),
+                f"{pct(sts['goodput_readable'])} "
+                f"({times(sts['goodput_readable'], eng['goodput'], 2)})",
+                " / ".join(f"{h[0]}" for h in high) + f" of {high[0][1]}",
+                times(share(high[1]), share(high[0]), 2),
+                " / ".join("yes" if o else "no" for o in ordered),
+                " / ".join(num(r["engine_tokens_per_s"]) for r in (eng, sts, conc))])
+    return table
+
+
+def _in_order(by_priority: dict[str, Sequence[int]]) -> bool:
+    """Whether the shares within SLA fall from `high` to `low`."""
+    shares = [share(by_priority[p]) or 0.0 for p in PRIORITIES]
+    return shares[0] >= shares[1] >= shares[2]
+
+
 def soak_table(docs: list[Doc]) -> Table:
     """The hour: the answers micro-batch and what grows, by window of minutes."""
     (_, doc), = docs
@@ -315,6 +349,8 @@ TABLES: dict[str, Source] = {
     "priority": Source(("overload-slow-cpu-real/2x.json", "overload-slow-cpu-real/4x.json"),
                        priority_table),
     "real-traffic": Source(("trace-seed-scale/bench.json",), trace_table),
+    "above-knee": Source(("above-knee-vllm/pinned.json", "above-knee-vllm/shared.json"),
+                         above_knee_table),
     "soak": Source(("soak-kafka-spark-60-logstore/soak.json",), soak_table),
     "realtime": Source(("deployed-path-today/bench-rtm.json", "realtime-real-model/bench.json",
                         "realtime_mode/realtime_intake.json"), realtime_table),

@@ -244,16 +244,22 @@ class LoadControl:
         return self.estimator.service_s(req.priority, max_tokens=req.max_tokens,
                                         batch=self.batch_after_wait(req, ahead))
 
-    def _aims(self) -> tuple[bool, ...]:
+    def delivery_ms(self, req: SidecarRequest) -> int:
+        """How long before its deadline ``req``'s result should leave: the larger of the
+        request's own ``delivery_ms`` (its caller's answer path) and
+        ``scheduler.delivery_ms``."""
+        return max(self.config.delivery_ms, req.delivery_ms)
+
+    def _aims(self, req: SidecarRequest) -> tuple[bool, ...]:
         """What the batch levers aim for, in turn: the deadline less ``delivery_ms``
-        (``early``) when it is set, then the deadline itself."""
-        return (True, False) if self.config.delivery_ms else (False,)
+        (``early``) when there is one, then the deadline itself."""
+        return (True, False) if self.delivery_ms(req) else (False,)
 
     def left_ms(self, req: SidecarRequest, *, early: bool = False) -> int:
         """Milliseconds ``req`` has to finish in: to its deadline, or with ``early`` to
-        its deadline less ``delivery_ms`` (the time its result then takes to become the
-        caller's answer)."""
-        return req.deadline_ts - (self.config.delivery_ms if early else 0) - now_ms()
+        its deadline less :meth:`delivery_ms` (the time its result then takes to become
+        the caller's answer)."""
+        return req.deadline_ts - (self.delivery_ms(req) if early else 0) - now_ms()
 
     def finishes_in_time(self, req: SidecarRequest, wait_s: float,
                          ahead: int | None = None) -> bool:
@@ -359,7 +365,7 @@ class LoadControl:
         speed = self.estimator.speed
         now_in = self._in_flight()
         floor = self.on_time_in_flight() - len(self.victims(req.priority))
-        for early in self._aims():
+        for early in self._aims(req):
             left_s = self.left_ms(req, early=early) / 1000.0
             if left_s <= 0.0:
                 continue
@@ -416,7 +422,7 @@ class LoadControl:
         if unloaded_s is None:
             return False
         slack = self.config.deadline_slack
-        for early in self._aims():
+        for early in self._aims(req):
             left_s = self.left_ms(req, early=early) / 1000.0
             if left_s <= 0.0:
                 continue
@@ -510,7 +516,7 @@ class LoadControl:
         if not (self.config.deadline_admission and self.estimator.warm
                 and self.config.preemption.shrink_batch):
             return None
-        for early in self._aims():
+        for early in self._aims(req):
             if (batch := self.fit_batch(req, 0.0, largest=True, early=early)) is not None:
                 return batch if batch < self.config.max_in_flight else None
         return None

@@ -76,6 +76,9 @@ class SidecarRequest:
     """The event's key columns, echoed unchanged on every result row."""
     submit_ts: int = 0
     """When the Spark task sent the request (epoch ms; 0 = not set), echoed on results."""
+    delivery_ms: int = 0
+    """The caller's answer path (ms): its batch aims to finish this long before
+    ``deadline_ts`` (:meth:`sidecar.load_control.LoadControl.delivery_ms`)."""
     received_ts: int = field(default_factory=now_ms)
     prompt_token_ids: list[int] = field(default_factory=list, repr=False)
     status: RequestStatus = RequestStatus.QUEUED

@@ -40,6 +40,7 @@ def request_from_proto(msg: pb.InferenceRequest) -> SidecarRequest:
         msg.seed if msg.HasField("seed") else None,
         dict(msg.attributes) if msg.attributes else {},
         msg.submit_ts,
+        msg.delivery_ms,
         0,  # received_ts: set by Scheduler.submit_batch, once per batch
     )
 

@@ -515,7 +515,7 @@ def _demo_session(stack: contextlib.ExitStack, opts: DemoOptions, log: Path):
     with demo_step(f"Connecting to Spark Connect at {remote}" if remote
                    else "Starting Spark (local[2])", log,
                    expect="a few seconds" if remote else "10-20 s"):
-        return _in_thread_at_niceness(
+        return in_thread_at_niceness(
             lambda: stack.enter_context(session_scope("sts-demo")), niceness)
 
 
@@ -626,7 +626,7 @@ DEMO_DELIVERY_MS = 1500
 DEMO_SHED_UNDER_PRESSURE = ["low"]
 
 
-def _in_thread_at_niceness(start: Callable[[], T], niceness: int) -> T:
+def in_thread_at_niceness(start: Callable[[], T], niceness: int) -> T:
     """``start()`` in a thread whose nice value is raised by ``niceness`` (on Linux a
     thread's own: what it launches, such as Spark's JVM, inherits it; the caller's
     thread keeps its own), returning its result or raising its exception."""

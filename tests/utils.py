@@ -88,12 +88,12 @@ def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what
 
 def make_sidecar_request(rid: str, *, priority: Priority = Priority.NORMAL,
                          max_tokens: int = 10, deadline_in_ms: int = 30_000,
-                         prompt: str = "hello there") -> SidecarRequest:
+                         prompt: str = "hello there", delivery_ms: int = 0) -> SidecarRequest:
     """A valid in-process request for the scheduler."""
     now = now_ms()
     return SidecarRequest(request_id=rid, trace_id="t", priority=priority, enqueue_ts=now,
                           deadline_ts=now + deadline_in_ms, model="", prompt=prompt,
-                          max_tokens=max_tokens, temperature=0.0)
+                          max_tokens=max_tokens, temperature=0.0, delivery_ms=delivery_ms)
 
 
 async def with_scheduler(engine, config: SchedulerConfig, body):

@@ -456,7 +456,8 @@ class LlmInference:
                                traceparent_column=self.config.tagging.traceparent,
                                submit_when=submit_when,
                                ack_channel=self.channel.ack_channel(run.id, run.started_ms),
-                               start_wait_s=STREAM_START_WAIT_S)
+                               start_wait_s=STREAM_START_WAIT_S,
+                               delivery_ms=self.config.answers.delivery_ms)
         self.ack_schema = acks.schema
         return acks
 

@@ -357,7 +357,8 @@ class StsPipeline:
                                   requests_topic=self.config.kafka.requests_topic,
                                   acks_topic=self.config.sidecar.acks_topic,
                                   attribute_columns=carried, extra_attributes=extra,
-                                  submit_when=submit_when)
+                                  submit_when=submit_when,
+                                  delivery_ms=self.config.answers.delivery_ms)
         return records, ack_schema(requests)
 
     def _to_submit(self, events: DataFrame | None

@@ -45,10 +45,10 @@ ENDPOINT_PREFIX = "kafka:"
 def request_records(requests: DataFrame, *, pipeline_id: str, requests_topic: str,
                     acks_topic: str, attribute_columns: Sequence[str] = (),
                     extra_attributes: Mapping[str, str] | None = None,
-                    submit_when: str | None = None) -> DataFrame:
+                    submit_when: str | None = None, delivery_ms: int = 0) -> DataFrame:
     """``key``, ``value`` and ``topic`` of the record each request row becomes (see the
     module doc); ``submit_when`` (a boolean column) picks the rows to submit (default:
-    all). The answers query reads the values with
+    all); each submitted request carries ``delivery_ms`` (``answers.delivery_ms``). The answers query reads the values with
     :func:`~spark_ext.submit.submission.ack_schema` of ``requests``, as it reads a
     micro-batch submit query's acks.
 
@@ -73,6 +73,7 @@ def request_records(requests: DataFrame, *, pipeline_id: str, requests_topic: st
         F.when(submitted, F.lit(False)).alias("duplicate"),
         F.when(submitted, F.lit(ENDPOINT_PREFIX + requests_topic)).alias("endpoint"),
         F.when(submitted, attributes).alias("attributes"),
+        F.when(submitted, F.lit(delivery_ms)).alias("delivery_ms"),
         F.lit(pipeline_id).alias(PIPELINE_FIELD)))
     return requests.select(
         F.col("request_id").alias("key"), value.alias("value"),

@@ -84,7 +84,8 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                    otel_env: Mapping[str, str] | None = None, traceparent_column: str = "",
                    submit_when: str | None = None,
                    ack_channel: AckChannel | None = None,
-                   start_wait_s: float | None = None) -> Iterator[pa.RecordBatch]:
+                   start_wait_s: float | None = None,
+                   delivery_ms: int = 0) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body: submit each batch, yield it with ack columns (no prompt).
 
     With ``submit_when`` (a boolean column) only the rows where it is true are
@@ -99,7 +100,8 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
     ``ack_channel``, the task's ack rows are left there once all are submitted
     (:mod:`spark_ext.submit.ack_channel`). ``start_wait_s``: how long to wait for a
     lazily started sidecar that does not serve yet (default ``start_timeout_s``); past
-    it, the requests are refused ``unavailable`` and it goes on starting."""
+    it, the requests are refused ``unavailable`` and it goes on starting. Each request
+    carries ``delivery_ms``, the caller's answer path (``answers.delivery_ms``)."""
     from sidecar.client import SidecarClient
 
     freeze_loaded("submit")  # its imports: out of the per-task GC
@@ -122,7 +124,7 @@ def submit_batches(batches: Iterator[pa.RecordBatch], config: SidecarEndpointCon
                 spans = SubmitSpans(tracing, traceparent_column) if tracing is not None else None
                 acks.append(_submit_chunk(client if serving else None, endpoint,
                                           batch.slice(start, config.max_batch),
-                                          attributes, spans))
+                                          attributes, spans, delivery_ms))
                 yield acks[-1]
         if ack_channel is not None:
             ack_channel.write(acks)
@@ -146,16 +148,18 @@ class _Attributes:
 
 
 def _submit_chunk(client, endpoint: str, chunk: pa.RecordBatch, attributes: _Attributes,
-                  spans: SubmitSpans | None) -> pa.RecordBatch:
+                  spans: SubmitSpans | None, delivery_ms: int = 0) -> pa.RecordBatch:
     """One ``SubmitBatch`` call for ``chunk`` (none without ``client``: a sidecar still
     starting, every request refused ``unavailable``); the chunk back without its prompt,
-    with the ack columns (:data:`ACK_SCHEMA`) added."""
+    with the ack columns (:data:`ACK_SCHEMA`) added. Each request carries
+    ``delivery_ms`` (the pipeline's answer path, ``answers.delivery_ms``)."""
     from sidecar.contract import now_ms
 
     rows = chunk.to_pylist()
     now = now_ms()
     for r in rows:
         r["submit_ts"] = now
+        r["delivery_ms"] = delivery_ms
         r["attributes"] = attributes.of(r)
     if spans is not None:
         spans.prepare(rows)
@@ -249,7 +253,8 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
                     traceparent_column: str | None = None,
                     submit_when: str | None = None,
                     ack_channel: AckChannel | None = None,
-                    start_wait_s: float | None = None) -> DataFrame:
+                    start_wait_s: float | None = None,
+                    delivery_ms: int = 0) -> DataFrame:
     """Send every request row to the sidecar; return one ack row per request.
 
     The output keeps the input columns except ``prompt`` and adds ``accepted``,
@@ -262,7 +267,9 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     null ack columns (``accepted`` null means "not submitted"). With ``ack_channel``
     every task also leaves its ack rows there for the answers query. With ``launch:
     lazy`` a task waits ``start_wait_s`` (default ``start_timeout_s``) for its GPU's
-    sidecar to serve; a stream passes :data:`STREAM_START_WAIT_S`.
+    sidecar to serve; a stream passes :data:`STREAM_START_WAIT_S`. Each request carries
+    ``delivery_ms``: how long before its deadline the caller wants its result (its answer
+    path; the sidecar aims to finish that early).
 
     Usage::
 
@@ -274,7 +281,7 @@ def submit_requests(requests: DataFrame, config: SidecarEndpointConfig,
     otel, parent = driver_otel_env(), traceparent_column or ""
     return requests.mapInArrow(
         lambda it: submit_batches(it, config, columns, extra, otel, parent, submit_when,
-                                  ack_channel, start_wait_s),
+                                  ack_channel, start_wait_s, delivery_ms),
         ack_schema(requests))
 
 

@@ -357,3 +357,12 @@ def test_the_pipeline_reference_lists_every_key_at_its_default() -> None:
 
     assert missing(PipelineConfig(), reference, "") == []
 
+
+
+@pytest.mark.parametrize("value", [-1, 600_001, 1.5, "1500"])
+def test_the_answer_path_sent_to_the_sidecar_is_a_whole_number_of_ms(value) -> None:
+    """``answers.delivery_ms`` (sent with every request) names itself when wrong."""
+    assert PipelineConfig.from_dict({}).answers.delivery_ms == 1500
+    assert PipelineConfig.from_dict({"answers": {"delivery_ms": 0}}).answers.delivery_ms == 0
+    with pytest.raises(PipelineConfigError, match=r"delivery_ms=.* must be an integer in \[0, 600000\]"):
+        PipelineConfig.from_dict({"answers": {"delivery_ms": value}})

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from sts_harness.demo import SPARK_NICENESS, _in_thread_at_niceness
+from sts_harness.demo import SPARK_NICENESS, in_thread_at_niceness
 
 
 def _child_niceness() -> int:
@@ -24,17 +24,17 @@ def _child_niceness() -> int:
 def test_what_the_thread_starts_runs_at_the_raised_niceness_and_the_caller_keeps_its_own(
         ) -> None:
     mine = os.nice(0)
-    child = _in_thread_at_niceness(_child_niceness, SPARK_NICENESS)
+    child = in_thread_at_niceness(_child_niceness, SPARK_NICENESS)
     assert child == min(mine + SPARK_NICENESS, 19)
     assert os.nice(0) == mine and _child_niceness() == mine
 
 
 def test_its_result_and_its_error_come_back() -> None:
-    assert _in_thread_at_niceness(lambda: "spark", 0) == "spark"
-    assert _in_thread_at_niceness(lambda: "spark", 1) == "spark"
+    assert in_thread_at_niceness(lambda: "spark", 0) == "spark"
+    assert in_thread_at_niceness(lambda: "spark", 1) == "spark"
 
     def fail() -> None:
         raise RuntimeError("the JVM did not start")
 
     with pytest.raises(RuntimeError, match="the JVM did not start"):
-        _in_thread_at_niceness(fail, 1)
+        in_thread_at_niceness(fail, 1)

@@ -277,7 +277,8 @@ def test_late_low_work_in_a_full_engine_gives_way_to_a_feasible_high() -> None:
 
 
 def _high_beside_seven_lows(*, tpot_at_8_s: float, deadline_in_ms: int,
-                            delivery_ms: int = 0) -> tuple[ResultRecord, int]:
+                            delivery_ms: int = 0, request_delivery_ms: int = 0
+                            ) -> tuple[ResultRecord, int]:
     """A ``high`` request of 40 tokens started beside seven long ``low`` ones, on an
     engine that decodes a batch of 8 at 58 ms per token (16 alone: 2.3 s for it in the
     full batch), the estimator calibrated at ``tpot_at_8_s`` for the full batch: its
@@ -293,7 +294,8 @@ def _high_beside_seven_lows(*, tpot_at_8_s: float, deadline_in_ms: int,
         s.estimator.calibrate([SpeedSample(1, 0.016, 0.016),
                                SpeedSample(8, tpot_at_8_s, tpot_at_8_s)])
         [ack] = s.submit_batch([make_sidecar_request("hi", priority=HIGH, max_tokens=40,
-                                                     deadline_in_ms=deadline_in_ms)])
+                                                     deadline_in_ms=deadline_in_ms,
+                                                     delivery_ms=request_delivery_ms)])
         assert ack.accepted, ack
         await until(lambda: any(r.request_id == "hi" for r in results), 10)
         seen["catch_ups"] = s.stats().batch_catch_ups
@@ -326,11 +328,13 @@ def test_a_running_high_that_falls_behind_its_deadline_gets_a_smaller_batch(
     assert hi.status == "timeout" and catch_ups == 0, hi
 
 
-def _high_in_a_full_engine(delivery_ms: int) -> ResultRecord:
+def _high_in_a_full_engine(delivery_ms: int, request_delivery_ms: int = 0) -> ResultRecord:
     """The estimator knows the engine: 2.3 s in the full batch, the deadline 3 s away,
-    ``delivery_ms`` for the result's trip to the answer."""
+    ``delivery_ms`` (the sidecar's) or ``request_delivery_ms`` (the request's own) for
+    the result's trip to the answer."""
     return _high_beside_seven_lows(tpot_at_8_s=0.058, deadline_in_ms=3000,
-                                   delivery_ms=delivery_ms)[0]
+                                   delivery_ms=delivery_ms,
+                                   request_delivery_ms=request_delivery_ms)[0]
 
 
 def test_delivery_ms_plans_a_result_to_leave_that_long_before_its_deadline() -> None:
@@ -345,6 +349,15 @@ def test_delivery_ms_plans_a_result_to_leave_that_long_before_its_deadline() -> 
     to_deadline = _high_in_a_full_engine(0)
     assert to_deadline.status == "ok", to_deadline
     assert to_deadline.deadline_ts - 1000 < to_deadline.finish_ts <= to_deadline.deadline_ts
+
+
+def test_a_requests_own_delivery_ms_plans_it_early_on_a_sidecar_without_one() -> None:
+    """The pipeline sends its answer path with every request (``sidecar.delivery_ms``,
+    issue 61: on two cores 17 of 41 ``high`` answers whose results finished in time were
+    readable only after their deadline): the sidecar plans that request as
+    ``scheduler.delivery_ms`` would, with nothing set on the sidecar."""
+    planned = _high_in_a_full_engine(0, request_delivery_ms=1000)
+    assert planned.status == "ok" and planned.finish_ts <= planned.deadline_ts - 1000, planned
 
 
 def test_delivery_ms_picks_a_smaller_batch_and_refuses_nothing() -> None:
@@ -370,3 +383,8 @@ def test_delivery_ms_picks_a_smaller_batch_and_refuses_nothing() -> None:
     assert batch is not None and batch < 8
     load.config.delivery_ms = 4000  # 2 s: not even alone; planned for the deadline
     assert LoadCheck(load).check(req) is None and load.target_batch(req) is None
+    load.config.delivery_ms = 0  # the request's own, the larger of the two counts
+    req.delivery_ms = 1500
+    assert LoadCheck(load).check(req) is None and load.target_batch(req) == batch
+    load.config.delivery_ms = 4000
+    assert load.target_batch(req) is None

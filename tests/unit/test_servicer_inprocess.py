@@ -204,3 +204,36 @@ def test_a_task_whose_sidecar_is_still_starting_refuses_at_once(monkeypatch) -> 
     assert out.column("accepted").to_pylist() == [False] * 3
     assert set(out.column("reason").to_pylist()) == {"unavailable"}
     assert set(out.column("detail").to_pylist()) == {"sidecar starting: not serving yet"}
+
+
+def test_the_submit_step_sends_the_pipelines_answer_path_with_every_request(
+        monkeypatch) -> None:
+    """``answers.delivery_ms`` reaches the sidecar's scheduler on each request over the
+    wire (what the scheduler plans early with), from the submit step's ``mapInArrow``
+    body; none without it."""
+    import pyarrow as pa
+
+    from spark_ext.config import SidecarEndpointConfig
+    from spark_ext.submit.submission import submit_batches
+    from tests.utils import make_request
+
+    seen: dict[str, int] = {}
+    original = Scheduler.submit_batch
+
+    def recording(self, requests, *args, **kwargs):
+        seen.update({r.request_id: r.delivery_ms for r in requests})
+        return original(self, requests, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "submit_batch", recording)
+
+    async def main() -> None:
+        async with _server() as (target, _):
+            config = SidecarEndpointConfig(endpoint=target)
+            for prefix, delivery in (("d", 1500), ("z", 0)):
+                batch = pa.RecordBatch.from_pylist([make_request(f"{prefix}{i}")
+                                                    for i in range(2)])
+                await asyncio.to_thread(lambda: list(submit_batches(
+                    iter([batch]), config, delivery_ms=delivery)))
+
+    asyncio.run(main())
+    assert seen == {"d0": 1500, "d1": 1500, "z0": 0, "z1": 0}

@@ -213,6 +213,7 @@ class InferenceRequest(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     ATTRIBUTES_FIELD_NUMBER: _builtins.int
     SUBMIT_TS_FIELD_NUMBER: _builtins.int
+    DELIVERY_MS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """/ Unique id, stable for a given event so replays map to the same id. Required."""
     trace_id: _builtins.str
@@ -242,6 +243,14 @@ class InferenceRequest(_message.Message):
     """/ When the Spark task sent the request, epoch milliseconds (0 = not set);
     / echoed on the Result.
     """
+    delivery_ms: _builtins.int
+    """/ How long the caller needs after a result to make it its reader's answer
+    / (its answer path: the answers table's commit, a topic), milliseconds; 0 =
+    / none. The sidecar aims the request's batch to finish this long before
+    / deadline_ts where a batch it can reach gets it there (the larger of this
+    / and its scheduler.delivery_ms), else by deadline_ts; nothing is refused for
+    / it and deadline_ts keeps its meaning.
+    """
     @_builtins.property
     def attributes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """/ The event's key columns, echoed unchanged on every Result of this request
@@ -267,10 +276,11 @@ class InferenceRequest(_message.Message):
         seed: _builtins.int | None = ...,
         attributes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         submit_ts: _builtins.int = ...,
+        delivery_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "attributes", b"attributes", "cache_key", b"cache_key", "callback_topic", b"callback_topic", "deadline_ts", b"deadline_ts", "enqueue_ts", b"enqueue_ts", "max_tokens", b"max_tokens", "model", b"model", "priority", b"priority", "prompt", b"prompt", "request_id", b"request_id", "seed", b"seed", "submit_ts", b"submit_ts", "temperature", b"temperature", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "attributes", b"attributes", "cache_key", b"cache_key", "callback_topic", b"callback_topic", "deadline_ts", b"deadline_ts", "delivery_ms", b"delivery_ms", "enqueue_ts", b"enqueue_ts", "max_tokens", b"max_tokens", "model", b"model", "priority", b"priority", "prompt", b"prompt", "request_id", b"request_id", "seed", b"seed", "submit_ts", b"submit_ts", "temperature", b"temperature", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
