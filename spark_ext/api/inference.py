@@ -697,10 +697,12 @@ class LlmInference:
         """
         if (answers_table is None) == (answers_writer is None):
             raise PipelineConfigError("start: give one of answers_table or answers_writer")
+        if warm_up:  # before any query starts
+            from spark_ext.submit.channel_check import refuse_channel_mismatch
+
+            refuse_channel_mismatch(self.check_sidecars(), self.config.sidecar.result_channel)
         acks = self.submit(requests)
         answers = self.answers()
-        if warm_up:
-            self.check_sidecars()
         if answers_table is not None:
             writer = answers.writeStream.foreachBatch(self.delta_writer(answers_table))
         else:

@@ -69,6 +69,7 @@ from spark_ext.pipeline.scaling import (ScaleController, SparkExecutors, pipelin
 from spark_ext.session import REALTIME_STOP_LOGGERS, is_connect, jvm_loggers_off, task_slots
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
+from spark_ext.submit.channel_check import refuse_channel_mismatch
 from spark_ext.submit.realtime import REALTIME_BATCH, request_records
 from spark_ext.submit.submission import (ack_schema, check_sidecars)
 from spark_ext.tracing import answer_spans
@@ -469,19 +470,14 @@ class StsPipeline:
             partitions=max(1, min(MAX_BUCKETS, task_slots(self.spark))))
         realtime_since = self._realtime_publish_since() \
             if publish and self.config.output.realtime_publish else None
+        checked = None
+        if self.config.sidecar.check_at_start:  # before anything is written or served
+            checked = self.check_sidecars()
+            refuse_channel_mismatch(checked, self.config.sidecar.result_channel)
         self.tables.create_tables(self.spark)
         # The last version written before this start: the answers topic publishes after it.
         answers_version = self._table_version("answers") if publish else 0
-        if (port := self.config.output.metrics_port) is not None:
-            from spark_ext.pipeline.metrics import PipelineMetrics
-
-            self.metrics = PipelineMetrics(self)
-            self.spark.streams.addListener(self.metrics)
-            self.metrics.serve(port, self.config.output.metrics_addr)
-            logger.info("Spark-side metrics on http://%s:%d/metrics",
-                        self.config.output.metrics_addr, self.metrics_port)
-        if self.config.sidecar.check_at_start:
-            self.check_sidecars()
+        self._serve_metrics(checked)
         self.channel.prepare()  # e.g. the result and acks topics
         realtime = self.config.output.realtime_submit
         if realtime:  # requests as records on a topic the sidecars read
@@ -701,6 +697,21 @@ class StsPipeline:
             if lag:
                 out[q.name] = lag
         return out
+
+    def _serve_metrics(self, checked: list[dict] | None) -> None:
+        """The driver's ``/metrics`` when ``output.metrics_port`` is set, with the start-up
+        check's rows (``checked``) already counted."""
+        if (port := self.config.output.metrics_port) is None:
+            return
+        from spark_ext.pipeline.metrics import PipelineMetrics
+
+        self.metrics = PipelineMetrics(self)
+        self.spark.streams.addListener(self.metrics)
+        self.metrics.serve(port, self.config.output.metrics_addr)
+        logger.info("Spark-side metrics on http://%s:%d/metrics",
+                    self.config.output.metrics_addr, self.metrics_port)
+        if checked is not None:
+            self.metrics.sidecars_checked(checked)
 
     def check_sidecars(self, *, log_level: int = logging.INFO) -> list[dict]:
         """Ask from the executors' Python tasks whether their sidecar serves; log the

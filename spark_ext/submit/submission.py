@@ -292,7 +292,8 @@ SIDECAR_CHECK_SCHEMA = pa.schema([("partition", pa.int64()), ("endpoint", pa.str
                                   ("desired_gpus", pa.int32()),
                                   ("desired_gpus_exact", pa.float64()),
                                   ("demand_tokens_per_s", pa.float64()),
-                                  ("executor", pa.string())])
+                                  ("executor", pa.string()),
+                                  ("result_channel", pa.string())])
 
 
 def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
@@ -325,7 +326,9 @@ def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointC
          "desired_gpus": [scale.desired_gpus if scale else None],
          "desired_gpus_exact": [scale.desired_gpus_exact if scale else None],
          "demand_tokens_per_s": [scale.demand_tokens_per_s if scale else None],
-         "executor": [executor_name()]},
+         "executor": [executor_name()],
+         "result_channel": [stats.result_channel.kind or None
+                            if stats is not None and stats.HasField("result_channel") else None]},
         schema=SIDECAR_CHECK_SCHEMA)
 
 
@@ -342,7 +345,8 @@ def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
     Returns:
         One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``, and the
         sidecar's ``sidecar_id`` and scale signal (``gpus``, ``desired_gpus``,
-        ``desired_gpus_exact``, ``demand_tokens_per_s``; ``None`` when it does not serve).
+        ``desired_gpus_exact``, ``demand_tokens_per_s``; ``None`` when it does not serve),
+        the task's ``executor`` and the ``result_channel`` the sidecar writes to.
     """
     from spark_ext.session import task_slots
 

@@ -410,3 +410,23 @@ def test_two_events_under_one_key_are_counted_and_said_never_a_silent_fallback(
     assert all(r.duplicate for r in replay), replay
     assert [r.detail for r in replay] == [r.detail for r in first], replay
     assert (stats.id_conflicts, stats.duplicates) == (2, 4)
+
+
+def test_a_sidecar_on_another_result_channel_is_refused_at_start_in_one_line(
+        spark, tmp_path: Path) -> None:
+    """The pipeline reads results from Kafka, its sidecar writes them to files: nothing
+    but the safety net would ever answer. The start-up check compares the two and
+    refuses in one line naming both values and what to change; no query starts."""
+    from spark_ext import PipelineConfigError
+
+    with _sidecar(tmp_path, "files-side") as sidecar:
+        llm = _inference(spark, tmp_path, sidecar.target, result_channel="kafka",
+                         kafka_bootstrap_servers="127.0.0.1:9")
+        requests = llm.requests(_landed(spark, tmp_path / "in", "m", 1, "high"),
+                                template=TEMPLATE, priority="p", max_tokens=4)
+        with pytest.raises(PipelineConfigError) as refused:
+            llm.start(requests, answers_table=f"sts_mismatch_{uuid.uuid4().hex[:8]}")
+    message = str(refused.value)
+    assert "\n" not in message and "'files' channel (its results.kind)" in message, message
+    assert "reads 'kafka' (sidecar.result_channel)" in message, message
+    assert not [q for q in spark.streams.active if "sts-" in (q.name or "")]
