@@ -278,7 +278,8 @@ class SchedulerConfig:
     in and the catch-up of a running one aim to finish this long before its deadline
     where a smaller batch gets it there, so its answer lands by the deadline.
     Refusals, the timeout and the terminal row keep the deadline itself. 0: plan for
-    the deadline."""
+    the deadline. A request may carry its own (``InferenceRequest.delivery_ms``: the
+    pipeline sends its ``answers.delivery_ms``); the larger of the two counts."""
 
     target_utilisation: float = 0.7
     """The share of a GPU's measured capacity the scale signal plans to use
