@@ -188,3 +188,22 @@ def test_the_models_answers_reach_the_answers_topic_in_real_time(spark, kafka_br
         assert all(record[c] == row[c] for c in ("request_id", "priority", "enqueue_ts",
                                                   "deadline_ts", "finish_ts", "enqueue_hour"))
         assert record["answered_ts"] < row["answered_ts"], "published by the change feed"
+
+
+def test_a_realtime_request_record_carries_the_pipelines_answer_path(spark) -> None:
+    """The real-time submit query's records carry ``delivery_ms`` (the sidecar's intake
+    reads it like ``SubmitBatch``'s field); a row not submitted carries none."""
+    from sidecar.kafka_intake import request_of
+    from spark_ext.submit.realtime import request_records
+
+    rows = spark.createDataFrame(
+        [("r1", "high", "Hello", 8, 1_000, 9_000, True),
+         ("r2", "low", "Hi", 8, 1_000, 9_000, False)],
+        "request_id string, priority string, prompt string, max_tokens int, enqueue_ts long, "
+        "deadline_ts long, go boolean")
+    records = request_records(rows, pipeline_id="p1", requests_topic="req", acks_topic="acks",
+                              submit_when="go", delivery_ms=700).collect()
+    by_key = {r["key"]: (r["topic"], json.loads(r["value"])) for r in records}
+    assert by_key["r1"][0] == "req" and by_key["r1"][1]["delivery_ms"] == 700
+    assert request_of(by_key["r1"][1]).delivery_ms == 700
+    assert by_key["r2"][0] == "acks" and "delivery_ms" not in by_key["r2"][1]

@@ -232,8 +232,8 @@ def test_the_submit_step_sends_the_pipelines_answer_path_with_every_request(
             for prefix, delivery in (("d", 1500), ("z", 0)):
                 batch = pa.RecordBatch.from_pylist([make_request(f"{prefix}{i}")
                                                     for i in range(2)])
-                await asyncio.to_thread(lambda: list(submit_batches(
-                    iter([batch]), config, delivery_ms=delivery)))
+                await asyncio.to_thread(lambda b=batch, d=delivery: list(submit_batches(
+                    iter([b]), config, delivery_ms=d)))
 
     asyncio.run(main())
     assert seen == {"d0": 1500, "d1": 1500, "z0": 0, "z1": 0}
