@@ -887,7 +887,26 @@ class PipelineConfig:
         config = cls(**build_sections(cls.sections(), data, what="pipeline config",
                                       error=PipelineConfigError))
         config.check()
-        return config
+        return config.with_derived_defaults()
+
+    def with_derived_defaults(self) -> "PipelineConfig":
+        """This config with the defaults that follow from other sections filled in, as a
+        copy (``self`` when none applies; checking and this never change ``self``):
+        ``sidecar.orphan_exit_s`` is :data:`ORPHAN_EXIT_WITH_SCALING_S` with
+        ``scaling.enabled`` and ``launch: lazy`` when unset (a released executor's
+        sidecar must not hold its GPU for ever).
+
+        Example:
+            >>> lazy = PipelineConfig(sidecar=SidecarEndpointConfig(launch="lazy"),
+            ...                       scaling=ScalingConfig(enabled=True))
+            >>> lazy.with_derived_defaults().sidecar.orphan_exit_s, lazy.sidecar.orphan_exit_s
+            (60.0, None)
+        """
+        if self.scaling.enabled and self.sidecar.launch == "lazy" \
+                and self.sidecar.orphan_exit_s is None:
+            return dataclasses.replace(self, sidecar=dataclasses.replace(
+                self.sidecar, orphan_exit_s=ORPHAN_EXIT_WITH_SCALING_S))
+        return self
 
     def check(self, *, with_source: bool = True) -> None:
         """Checks across sections (each section checks its own keys); ``with_source=False``
@@ -919,10 +938,6 @@ class PipelineConfig:
                 *self.result_topics(), *self.channel_ack_topics()}:
             raise PipelineConfigError(f"answers.topic {self.answers.topic!r} is also an events "
                                       "or results topic: give answers their own topic")
-        if self.scaling.enabled and self.sidecar.launch == "lazy" \
-                and self.sidecar.orphan_exit_s is None:
-            # A released executor's sidecar must not hold its GPU for ever.
-            self.sidecar.orphan_exit_s = ORPHAN_EXIT_WITH_SCALING_S
         if with_source and self.source.format != "rate" and not self.features.enabled:
             carried = set(ddl_field_names(self.source.schema)) | set(self.layer_columns())
             named = {"template.dynamic": template_fields(self.template.dynamic),

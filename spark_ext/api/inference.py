@@ -205,7 +205,7 @@ class LlmInference:
                                                  what="LlmInference options",
                                                  error=PipelineConfigError))
         config.check(with_source=False)
-        self._init(spark, config, tick_interval_ms=tick_interval_ms)
+        self._init(spark, config.with_derived_defaults(), tick_interval_ms=tick_interval_ms)
 
     @classmethod
     def from_config(cls, spark: SparkSession, config: PipelineConfig, *,
@@ -215,7 +215,7 @@ class LlmInference:
         sections. ``tick_interval_ms``: ``None`` when the answers' writer leaves the
         clock its hints (:meth:`answers` with ``ledger_output=True``)."""
         self = cls.__new__(cls)
-        self._init(spark, config, tick_interval_ms=tick_interval_ms)
+        self._init(spark, config.with_derived_defaults(), tick_interval_ms=tick_interval_ms)
         return self
 
     def _init(self, spark: SparkSession, config: PipelineConfig, *,

@@ -202,7 +202,7 @@ class StsPipeline:
                 "ask for executors (scale on the sidecars' /metrics signal instead)")
         fast_path.require_modules(config)
         self.spark = spark
-        self.config = config
+        self.config = config = config.with_derived_defaults()
         self.template = PromptTemplate(stable=config.template.stable,
                                        dynamic=config.template.dynamic)
         out = config.output

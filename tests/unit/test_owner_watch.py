@@ -14,7 +14,8 @@ import pytest
 from sidecar import owner_watch
 from sidecar.config import OwnerConfig, SidecarConfig, SidecarConfigError
 from sidecar.owner_watch import claim_owner, owner_pid, pid_running, watch_owner
-from spark_ext.config import ORPHAN_EXIT_WITH_SCALING_S, PipelineConfig
+from spark_ext.config import (ORPHAN_EXIT_WITH_SCALING_S, PipelineConfig, ScalingConfig,
+                              SidecarEndpointConfig)
 
 
 def _dead_pid() -> int:
@@ -81,6 +82,13 @@ def test_owner_settings_are_checked_and_set_by_scaling() -> None:
     assert PipelineConfig.from_dict(lazy).sidecar.orphan_exit_s is None
     scaled = PipelineConfig.from_dict({**lazy, "scaling": {"enabled": True}})
     assert scaled.sidecar.orphan_exit_s == ORPHAN_EXIT_WITH_SCALING_S
+    # Checking never changes the config checked; the derived default comes as a copy.
+    built = PipelineConfig(sidecar=SidecarEndpointConfig(**lazy["sidecar"]),
+                           scaling=ScalingConfig(enabled=True))
+    built.check()
+    assert built.sidecar.orphan_exit_s is None
+    assert built.with_derived_defaults().sidecar.orphan_exit_s == ORPHAN_EXIT_WITH_SCALING_S
+    assert built.sidecar.orphan_exit_s is None
     own = PipelineConfig.from_dict({"sidecar": {**lazy["sidecar"], "orphan_exit_s": 5},
                                     "scaling": {"enabled": True}})
     assert own.sidecar.orphan_exit_s == 5
