@@ -228,6 +228,7 @@ def run_bench(opts: BenchOptions) -> dict:
     from sts_harness.process import SidecarProcess, write_token_file
 
     profile = load_profile(opts.profile)
+    split = resolve_cpu_split(opts.cpu_split, opts.engine)  # refused before anything is made
     out = Path(opts.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
@@ -236,7 +237,6 @@ def run_bench(opts: BenchOptions) -> dict:
             raise ConfigError(f"{work} exists and was not made by sts bench; "
                               "choose another folder (--out)")
         shutil.rmtree(work)  # an earlier run's scratch folder (it holds our marker)
-    split = resolve_cpu_split(opts.cpu_split, opts.engine)
     work.mkdir()
     (work / _WORK_MARKER).write_text("scratch folder of sts bench\n", encoding="utf-8")
     schemes = ["engine"] if opts.knee else list(opts.schemes)

@@ -44,3 +44,15 @@ def test_a_shared_split_touches_nothing_and_says_so() -> None:
         assert os.sched_getaffinity(0) == before
     assert recorded == {"mode": "shared", "spark_cpus": None, "engine_cpus": None,
                         "spark_niceness": 0}
+
+
+def test_a_pinned_split_that_cannot_be_kept_is_refused_before_anything_is_made(
+        tmp_path) -> None:
+    from benchmarks.bench import BenchOptions, run_bench
+
+    out = tmp_path / "bench"
+    with pytest.raises(ConfigError, match=r"^--cpu-split pinned needs"):
+        run_bench(BenchOptions(profile="cpu-small", engine="simulated", rates=[1.0],
+                               duration_s=1.0, schemes=["engine"], out=str(out),
+                               cpu_split="pinned"))
+    assert not out.exists()
