@@ -48,9 +48,9 @@ def request_records(requests: DataFrame, *, pipeline_id: str, requests_topic: st
                     submit_when: str | None = None, delivery_ms: int = 0) -> DataFrame:
     """``key``, ``value`` and ``topic`` of the record each request row becomes (see the
     module doc); ``submit_when`` (a boolean column) picks the rows to submit (default:
-    all); each submitted request carries ``delivery_ms`` (``answers.delivery_ms``). The answers query reads the values with
-    :func:`~spark_ext.submit.submission.ack_schema` of ``requests``, as it reads a
-    micro-batch submit query's acks.
+    all); each submitted request carries ``delivery_ms`` (``answers.delivery_ms``). The
+    answers query reads the values with :func:`~spark_ext.submit.submission.ack_schema`
+    of ``requests``, as it reads a micro-batch submit query's acks.
 
     Usage::
 
