@@ -497,11 +497,9 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
             answers = _run_until(pipeline, lambda a: len(a) == 3)
             # The listener hears each query's progress on its own: the answers batch and
             # the submit batch's rows, in either order.
-            wait_until(lambda: all(line in _scrape(pipeline) for line in (
+            metrics = _scrape_until(pipeline, (
                 'sts_spark_batches_total{query="sts-answers"}',
-                'sts_spark_input_rows_total{query="sts-submit"} 3.0')),
-                30, what="the listener saw the answers batch and the submitted rows")
-            metrics = _scrape(pipeline)
+                'sts_spark_input_rows_total{query="sts-submit"} 3.0'))
         finally:
             pipeline.stop()
     assert {(a["answer_source"], a["status"], a["reason"]) for a in answers.values()} == {
@@ -531,6 +529,23 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
     lint = subprocess.run([promtool, "check", "metrics"], input=metrics, text=True,
                           capture_output=True, timeout=30)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def _scrape_until(pipeline: StsPipeline, lines: tuple[str, ...],
+                  timeout_s: float = 120.0) -> str:
+    """The driver's /metrics once it has every one of ``lines``. Spark's listener bus
+    hears each query's progress on its own thread, after the batch, and on a busy machine
+    late; a miss names the listener's lines it had."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = _scrape(pipeline)
+        if all(line in text for line in lines):
+            return text
+        if time.monotonic() > deadline:
+            heard = [m for m in text.splitlines()
+                     if m.startswith(("sts_spark_batches_total", "sts_spark_input_rows_total"))]
+            raise AssertionError(f"/metrics lacks {lines} after {timeout_s}s; it has {heard}")
+        time.sleep(0.2)
 
 
 def _scrape(pipeline: StsPipeline) -> str:
