@@ -340,6 +340,39 @@ def sidecar_cost_table(docs: list[Doc]) -> Table:
     return table
 
 
+def elastic_table(docs: list[Doc]) -> Table:
+    """Each autoscaling policy on each traffic of the fleet simulation: its GPU-seconds
+    as a multiple of the oracle's, and `high` within SLA; the recorded real load-step runs
+    in a note."""
+    (_, doc), = docs
+    results = doc["results"]
+    heads = []
+    for r in results:
+        where = (f"trace at {r['oracle_peak_gpus']} GPUs" if r["traffic"] != "load-step"
+                 else "load step, 1-4 GPUs")
+        heads.append(f"{where}: GPU-s x oracle, `high`")
+    table = Table(["policy", *heads], "l" + "r" * len(results))
+    for i, run in enumerate(results[0]["runs"]):
+        name = run["policy"] if not run["policy"].startswith("static peak") else "static peak"
+        cells = []
+        for r in results:
+            row = r["runs"][i]
+            cells.append(f"{row['x_oracle']:.2f}x, {pct(row['within_sla']['high'], 2)}")
+        table.rows.append([name, *cells])
+    note = ("Oracle GPU-seconds: " + ", ".join(
+        f"{r['oracle_gpu_seconds']:,.0f} ({r['requests']:,} requests, cold start "
+        f"{r['cold_start_s']:g} s)" for r in results)
+        + f"; a GPU: {doc['gpu']['batch']} sequences, "
+        f"{doc['gpu']['capacity_tokens_per_s']:,.0f} output tokens/s.")
+    for r in results:
+        if recorded := r.get("recorded"):
+            note += " The load step run for real (`local-cluster`, `results/load-step/`): " + \
+                "; ".join(f"{x['run']} {x['gpu_seconds'] / r['oracle_gpu_seconds']:.2f}x, "
+                          f"`high` {pct(x['within_sla']['high'], 2)}" for x in recorded) + "."
+    table.notes.append(note)
+    return table
+
+
 #: Each table of the page: the JSON it is made of (under ``benchmarks/results/``) and how.
 TABLES: dict[str, Source] = {
     "goodput": Source(("issue60-ab/new-R-0938.json", "issue60-ab/new-R-0950.json"),
@@ -356,6 +389,7 @@ TABLES: dict[str, Source] = {
                         "realtime_mode/realtime_intake.json"), realtime_table),
     "sidecar-cost": Source(("gateway_overhead.json", "soak-kafka-spark-60-logstore/soak.json"),
                            sidecar_cost_table),
+    "elastic": Source(("fleet-sim/fleet_sim.json",), elastic_table),
 }
 
 

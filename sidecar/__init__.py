@@ -54,6 +54,7 @@ _EXPORTS = {
     "EVENT_LOOPS": "sidecar.event_loop",
     # From sidecar.engines.simulated
     "SLOW_CPU": "sidecar.engines.simulated",
+    "SimulatedEngineConfig": "sidecar.engines.simulated",
     "simulated_set_args": "sidecar.engines.simulated",
     # From sidecar.exceptions
     "ConfigError": "sidecar.exceptions",
@@ -73,6 +74,10 @@ _EXPORTS = {
     # From sidecar.quantiles
     "percentile": "sidecar.quantiles",
     "percentiles": "sidecar.quantiles",
+    # From sidecar.scale_signal
+    "DemandMeter": "sidecar.scale_signal",
+    "desired_gpus": "sidecar.scale_signal",
+    "compute_scale_signal": "sidecar.scale_signal",
     # From sidecar.shipped
     "conf_dir": "sidecar.shipped",
 }
@@ -82,6 +87,7 @@ __all__ = [
     "ClientSecurity",
     "ConfigError",
     "DedupeWindow",
+    "DemandMeter",
     "ENGINES",
     "EVENT_LOOPS",
     "EngineConfig",
@@ -97,12 +103,15 @@ __all__ = [
     "SidecarConfig",
     "SidecarConfigError",
     "SidecarError",
+    "SimulatedEngineConfig",
     "TOKEN_METADATA_KEY",
     "Tracing",
     "as_dataclass",
     "build_sections",
     "claim_owner",
+    "compute_scale_signal",
     "conf_dir",
+    "desired_gpus",
     "lazy_exports",
     "one_line",
     "otel_environment",
@@ -124,7 +133,10 @@ __all__ = [
     "write_text_atomically",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+#: Public names that differ from their name in the module (``scale_signal`` is also the module's name).
+_RENAMED = {"compute_scale_signal": "scale_signal"}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _RENAMED)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
@@ -138,10 +150,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from sidecar.credentials import TOKEN_METADATA_KEY, ClientSecurity, read_pem, read_token, security_fields
     from sidecar.kinds import ENGINES, RESULT_CHANNELS, KindRegistry
     from sidecar.event_loop import EVENT_LOOPS
-    from sidecar.engines.simulated import SLOW_CPU, simulated_set_args
+    from sidecar.engines.simulated import SLOW_CPU, SimulatedEngineConfig, simulated_set_args
     from sidecar.exceptions import ConfigError, SidecarConfigError, SidecarError, one_line
     from sidecar.model_prep import prepare_default_model
     from sidecar.owner_watch import claim_owner, pid_running
     from sidecar.otel import Tracing, otel_environment, start_tracing, tracing_requested
     from sidecar.quantiles import percentile, percentiles
+    from sidecar.scale_signal import DemandMeter, desired_gpus
+    from sidecar.scale_signal import scale_signal as compute_scale_signal
     from sidecar.shipped import conf_dir

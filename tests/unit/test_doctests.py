@@ -9,7 +9,7 @@ import pytest
 
 from tests.utils import library_modules
 
-MODULES = library_modules(("sidecar", "spark_ext", "sts_harness", "benchmarks"))
+MODULES = library_modules(("sidecar", "spark_ext", "sts_harness", "sts_capacity", "benchmarks"))
 
 #: Modules whose examples need a SparkSession (run by tests/process/test_inference_api.py).
 NEEDS_SPARK = {"spark_ext.api.inference", "spark_ext.session", "spark_ext.pipeline.sts_pipeline"}
