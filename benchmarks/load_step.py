@@ -191,9 +191,14 @@ def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
     work.mkdir(parents=True)
     (work / _MARKER).touch()
     sts_pipeline.SCALE_CHECK_INTERVAL_S = args.check_interval
+    conf = spark_conf(args.spark_conf)
+    if not args.no_executor_ready:  # new executors held until their sidecar serves
+        from spark_ext.submit.executor_ready import with_plugin
+
+        conf = with_plugin(conf)
     spark = gpu_cluster_session(work, workers=workers, cores=2, memory_mb=1024,
                                 task_gpu_amount=0.5, app_name=f"sts-load-step-{name}",
-                                conf=spark_conf(args.spark_conf))
+                                conf=conf)
     pipeline = None
     try:
         until_executors(spark, workers, timeout_s=180)
@@ -238,7 +243,8 @@ def run_one(name: str, args: argparse.Namespace, work: Path) -> dict:
                 if not is_warm_up(r)]
         return summarize(name, schedule, replayer.start_ms, replayer.offered, rows,
                          serving_since(work / "run"), samples, scale_log.actions) \
-            | {"spark_conf": spark_conf(args.spark_conf)}
+            | {"spark_conf": spark_conf(args.spark_conf),
+               "executor_ready": not args.no_executor_ready}
     finally:
         if pipeline is not None:
             pipeline.stop()
@@ -384,6 +390,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cooldown", type=float, default=120.0, help="scaling.cooldown_s")
     p.add_argument("--no-warm-up", action="store_true",
                    help="scaling.warm_up: false (new executors warmed by the stream's tasks)")
+    p.add_argument("--no-executor-ready", action="store_true",
+                   help="without the executor-ready plugin (spark_ext.submit.executor_ready): "
+                        "a new executor takes the stream's tasks before its sidecar serves")
     p.add_argument("--check-interval", type=float, default=30.0,
                    help="seconds between scale checks (the pipeline's 30 s)")
     p.add_argument("--max-tokens", type=int, default=300,

@@ -181,7 +181,7 @@ def _jar_of(coordinate: str, jar: str) -> bool:
     return Path(_file_path(jar)).name == ivy_jar_name(coordinate)
 
 
-def _jars_dir() -> Path:
+def jars_dir() -> Path:
     """Where the records of resolved jars and the jars built here go."""
     root = Path(os.environ.get("STS_CACHE_DIR") or Path.home() / ".cache" / "sts-spark")
     return root / "jvm-packages"
@@ -189,7 +189,7 @@ def _jars_dir() -> Path:
 
 def _record_path(coords: Iterable[str]) -> Path:
     key = hashlib.sha1(",".join(sorted(coords)).encode()).hexdigest()[:16]
-    return _jars_dir() / f"{key}.txt"
+    return jars_dir() / f"{key}.txt"
 
 
 def _log_store_classpath(jars: Iterable[str]) -> list[str] | None:
@@ -208,7 +208,7 @@ def log_store_jar(jars: Iterable[str]) -> Path | None:
     classpath = _log_store_classpath(jars)
     if classpath is None:
         return None
-    jar = _jars_dir() / delta_log_store.jar_name(classpath)
+    jar = jars_dir() / delta_log_store.jar_name(classpath)
     return jar if jar.is_file() else None
 
 
@@ -223,7 +223,7 @@ def build_log_store(features: Iterable[JvmFeature] = DEFAULT_FEATURES) -> Path:
     if classpath is None:
         raise delta_log_store.LogStoreBuildError(
             "no resolved Delta jars recorded (python -m spark_ext.jvm_packages --fetch)")
-    return delta_log_store.build(classpath, _jars_dir())
+    return delta_log_store.build(classpath, jars_dir())
 
 
 def recorded_jars(coords: Iterable[str]) -> list[str]:

@@ -701,6 +701,9 @@ class LlmInference:
             from spark_ext.submit.channel_check import refuse_channel_mismatch
 
             refuse_channel_mismatch(self.check_sidecars(), self.config.sidecar.result_channel)
+        from spark_ext.submit.executor_ready import announce
+
+        announce(self.spark, self.config.sidecar)  # new executors wait for their sidecar
         acks = self.submit(requests)
         answers = self.answers()
         if answers_table is not None:

@@ -70,6 +70,7 @@ from spark_ext.session import REALTIME_STOP_LOGGERS, is_connect, jvm_loggers_off
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
 from spark_ext.submit.channel_check import refuse_channel_mismatch
+from spark_ext.submit.executor_ready import announce, plugin_loaded
 from spark_ext.submit.realtime import REALTIME_BATCH, request_records
 from spark_ext.submit.submission import (ack_schema, check_sidecars)
 from spark_ext.tracing import answer_spans
@@ -474,6 +475,7 @@ class StsPipeline:
         if self.config.sidecar.check_at_start:  # before anything is written or served
             checked = self.check_sidecars()
             refuse_channel_mismatch(checked, self.config.sidecar.result_channel)
+        announce(self.spark, self.config.sidecar)  # new executors wait for their sidecar
         self.tables.create_tables(self.spark)
         # The last version written before this start: the answers topic publishes after it.
         answers_version = self._table_version("answers") if publish else 0
@@ -740,7 +742,10 @@ class StsPipeline:
         scaling = self.config.scaling
         controller = ScaleController(scaling) if scaling.enabled else None
         executors = SparkExecutors(self.spark) if scaling.enabled else None
-        warmup = None if executors is None or not scaling.warm_up else ExecutorWarmup(
+        # The executor-ready plugin holds a new executor until its sidecar serves; the
+        # warm-up's tasks would only take the serving executors' slots then.
+        warm_up = scaling.warm_up and not plugin_loaded(self.spark)
+        warmup = None if executors is None or not warm_up else ExecutorWarmup(
             executors.starting, lambda: check_sidecars(self.spark, self.config.sidecar),
             stopping=self._stopping)
 

@@ -19,10 +19,12 @@ the pipeline's results stream (``sts_results``) from the one shared folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +44,12 @@ DRAIN_MAX_TOKENS = 400
 DRAIN_ROWS = 16
 #: How long a released executor's sidecar waits for a replacement before it drains.
 ORPHAN_EXIT_S = 2.0
+#: A sidecar held for about a minute before it serves: one warm-up generation of 5,000
+#: tokens at the simulated engine's 12.5 ms a token alone.
+HOLD_ARGS = ["--set", 'warmup.prompts=["hold"]', "--set", "warmup.rounds=1",
+             "--set", "warmup.max_tokens=5000", "--set", "warmup.calibrate=false"]
+#: Longest the new executor's rounds are awaited after the scale-up.
+HOLD_TIMEOUT_S = 240.0
 REQUEST_DDL = ("request_id string, trace_id string, priority string, enqueue_ts long, "
                "deadline_ts long, prompt string, max_tokens int, task_gpu string, round int")
 
@@ -73,7 +81,10 @@ def _requests(batches: Iterator[pa.RecordBatch], round_no: int,
 
 
 def _session(work: Path):
-    return gpu_cluster_session(work, workers=2, cores=1, memory_mb=1024)
+    from spark_ext.submit.executor_ready import plugin_conf
+
+    return gpu_cluster_session(work, workers=2, cores=1, memory_mb=1024,
+                               conf=plugin_conf(timeout_s=HOLD_TIMEOUT_S))
 
 
 def _wait_for_executors(spark, n: int, timeout_s: float = 120.0) -> None:
@@ -96,20 +107,74 @@ def _running(pid: int) -> bool:
     return pid_running(pid)
 
 
+class _ServingWatch(threading.Thread):
+    """When a sidecar first serves (driver clock, epoch ms), asked every 0.2 s."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(daemon=True)
+        self.endpoint, self.serving_ms, self._stop = endpoint, None, threading.Event()
+
+    def run(self) -> None:
+        from sidecar.client import SidecarClient
+        from sidecar.contract import now_ms
+
+        while not self._stop.wait(0.2):
+            try:
+                with SidecarClient(self.endpoint, timeout_s=1.0) as client:
+                    if client.is_serving():
+                        self.serving_ms = now_ms()
+                        return
+            except Exception:  # not there yet
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _stream_while_held(spark, config, new_gpus: set[str], decided_ms: int) -> dict:
+    """Rounds of requests, one after the other, from the scale-up decision until a task
+    runs on a new executor: what a stream does while the new GPU's sidecar starts."""
+    from sidecar.contract import now_ms
+    from spark_ext.submit.sidecar_launcher import endpoint_for
+    from spark_ext.submit.submission import submit_requests
+
+    watch = _ServingWatch(endpoint_for(config, sorted(new_gpus)[0]))
+    watch.start()
+    rounds, new_requests = [], []
+    deadline = time.monotonic() + HOLD_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            began, began_ms = time.monotonic(), now_ms()
+            requests = (spark.range(ROWS, numPartitions=TASKS)
+                        .mapInArrow(lambda it, r=10 + len(rounds): _requests(it, r),
+                                    REQUEST_DDL))
+            rows = submit_requests(requests, config, attribute_columns=["task_gpu"]) \
+                .select("task_gpu", "enqueue_ts", "accepted", "reason").toArrow().to_pylist()
+            rounds.append({"start_ms": began_ms, "s": round(time.monotonic() - began, 2),
+                           "gpus": sorted({r["task_gpu"] for r in rows}),
+                           "refused": sorted({r["reason"] for r in rows if not r["accepted"]})})
+            new_requests += [r["enqueue_ts"] for r in rows if r["task_gpu"] in new_gpus]
+            if new_requests:
+                break
+    finally:
+        watch.stop()
+    return {"decided_ms": decided_ms, "serving_ms": watch.serving_ms, "rounds": rounds,
+            "new_gpu_first_request_ms": min(new_requests) if new_requests else None}
+
+
 def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
     """The scaling controller's actuator (:class:`spark_ext.pipeline.scaling.SparkExecutors`)
     on the standalone backend: release one executor (2 -> 1) while both sidecars hold
     work (a round of longer requests just acknowledged), then ask for one (1 -> 2). The
-    released executor's sidecar must finish that work and then exit (``orphan_exit_s``);
-    the warm-up after the scale-up (:mod:`spark_ext.pipeline.executor_warmup`) starts the
-    new executor's Python workers and its GPU's sidecar before any request is sent, and
-    the time from the decision to its first answer is reported."""
-    from sidecar.client import SidecarClient
+    released executor's sidecar must finish that work and then exit (``orphan_exit_s``).
+    Before the scale-up the job announces a sidecar that takes a minute to start: the
+    executor-ready plugin holds the new executor until its GPU's sidecar serves, while
+    rounds of requests go on on the serving executor; then a round's tasks land there,
+    and the time from the decision to its first answer is reported."""
     from sidecar.contract import now_ms
-    from spark_ext.pipeline.executor_warmup import ExecutorWarmup
     from spark_ext.pipeline.scaling import ScaleDecision, SparkExecutors
-    from spark_ext.submit.sidecar_launcher import endpoint_for
-    from spark_ext.submit.submission import check_sidecars, submit_requests
+    from spark_ext.submit.executor_ready import announce
+    from spark_ext.submit.submission import submit_requests
     from sts_harness.result_check import wait_for_results
 
     pids = _sidecar_pids(run)
@@ -130,18 +195,13 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
                   for gpu, pid in pids.items() if not _running(pid)}
         time.sleep(0.2)
     by_id = wait_for_results(results, {a["request_id"] for a in acks}, timeout_s=120.0)
-    known = {r["executor"] for r in check_sidecars(spark, config)}
+    announced = announce(spark, dataclasses.replace(
+        config, launch_args=[*config.launch_args, *HOLD_ARGS]))
     decided_ms = now_ms()
     up = executors.apply(ScaleDecision("up", before, "test"), after_down)
-    # What the pipeline does after a scale-up: the check on each executor as it comes.
-    warm = ExecutorWarmup(executors.starting, lambda: check_sidecars(spark, config),
-                          timeout_s=120.0).run(before, known)
+    held = _stream_while_held(spark, config, set(exited), decided_ms)
     up_s = until_executors(spark, before)
-    warm_serving = {}
-    for gpu in exited:
-        with SidecarClient(endpoint_for(config, gpu), timeout_s=5.0) as client:
-            warm_serving[gpu] = client.is_serving()
-    # The new executor's first tasks start its GPU's sidecar (lazily) and are answered.
+    # The new executor's sidecar serves; a round's answers from it.
     requests = (spark.range(ROWS, numPartitions=TASKS)
                 .mapInArrow(lambda it: _requests(it, 4), REQUEST_DDL))
     out = submit_requests(requests, config, attribute_columns=["task_gpu"]) \
@@ -159,9 +219,7 @@ def _scale_down_and_up(spark, config, run: Path, results: Path) -> dict:
             "drain_sidecars": sorted({r["sidecar_id"] for r in by_id.values()}),
             "sidecar_exited_s": exited,
             "still_running": sorted(gpu for gpu, pid in pids.items() if _running(pid)),
-            "warm_up": {"known": sorted(known), "warmed": warm.warmed, "jobs": warm.jobs,
-                        "timed_out": warm.timed_out, "seconds": warm.seconds,
-                        "serving_before_requests": warm_serving}}
+            "held": {"announced": announced, **held}}
 
 
 def _read_with_results_stream(spark, results: Path, work: Path) -> list[dict]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_ext import delta_log_store, jvm_packages
+from spark_ext import delta_log_store, jvm_build, jvm_packages
 from spark_ext.jvm_packages import LOCAL_FS_CONF, LOCAL_FS_PACKAGE
 
 
@@ -64,7 +64,7 @@ def _fake_log_store(cache: Path, jars: list[str]) -> Path:
     """A file where :func:`jvm_packages.build_log_store` would put the jar for ``jars``."""
     classpath = jvm_packages._log_store_classpath(jars)
     assert classpath is not None
-    jar = jvm_packages._jars_dir() / delta_log_store.jar_name(classpath)
+    jar = jvm_packages.jars_dir() / delta_log_store.jar_name(classpath)
     jar.parent.mkdir(parents=True, exist_ok=True)
     jar.write_bytes(b"")
     return jar
@@ -100,7 +100,7 @@ def test_the_log_store_is_not_built_without_a_compiler_or_delta(
         cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(delta_log_store.LogStoreBuildError, match="no resolved Delta jars"):
         jvm_packages.build_log_store()
-    monkeypatch.setattr(delta_log_store, "javac", lambda: None)
+    monkeypatch.setattr(jvm_build, "javac", lambda: None)
     with pytest.raises(delta_log_store.LogStoreBuildError, match="no javac"):
         delta_log_store.build(["/x/io.delta_delta-storage-4.4.0.jar"], cache / "out")
     assert not (cache / "out").exists()
