@@ -365,7 +365,8 @@ async def _start_grpc(bound: _GrpcServer, config: SidecarConfig, scheduler: Sche
         "resource_exhausted": bound.guard.refused_for_bytes})
     inference_pb2_grpc.add_InferenceServicer_to_server(
         InferenceServicer(scheduler, engine_kind=scheduler.engine.kind, started_at=started_at,
-                          submit_yield_ms=server_cfg.submit_yield_ms), server)
+                          submit_yield_ms=server_cfg.submit_yield_ms,
+                          intake_topic=config.intake.topic), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     socket_path = access.socket_path

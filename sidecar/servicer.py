@@ -76,8 +76,9 @@ def submit_batch_response(acks: list[Ack], sidecar_id: str) -> pb.SubmitBatchRes
 
 
 def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, model: str,
-                   uptime_s: float) -> pb.GetStatsResponse:
-    """The Stats RPC answer: the same live figures ``/metrics`` exposes."""
+                   uptime_s: float, intake_topic: str = "") -> pb.GetStatsResponse:
+    """The Stats RPC answer: the same live figures ``/metrics`` exposes, and the Kafka
+    topic the sidecar reads requests from (``intake_topic``; empty: none)."""
     pools = [
         pb.PoolStats(
             priority=int(p), queued=ps.queued, in_flight=ps.in_flight,
@@ -120,6 +121,7 @@ def stats_to_proto(s: SchedulerStats, *, sidecar_id: str, engine_kind: str, mode
                                     tpot_ms=(c.tpot_s or 0.0) * 1000.0)
                      for c in s.calibration],
         scale=_scale_to_proto(s.scale),
+        intake_topic=intake_topic,
     )
 
 
@@ -180,8 +182,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     """Implements ``sts.v1.Inference`` on top of a :class:`Scheduler`."""
 
     def __init__(self, scheduler: Scheduler, *, engine_kind: str, started_at: float,
-                 submit_yield_ms: float = 5.0) -> None:
+                 submit_yield_ms: float = 5.0, intake_topic: str = "") -> None:
         self.scheduler = scheduler
+        self.intake_topic = intake_topic
+        """The Kafka topic the sidecar reads requests from (``GetStats`` says it)."""
         self.engine_kind = engine_kind
         self.started_at = started_at
         self.submit_yield_s = submit_yield_ms / 1000.0
@@ -246,4 +250,5 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         return stats_to_proto(self.scheduler.stats(), sidecar_id=self.scheduler.sidecar_id,
                               engine_kind=self.engine_kind,
                               model=self.scheduler.engine.model_name,
-                              uptime_s=time.monotonic() - self.started_at)
+                              uptime_s=time.monotonic() - self.started_at,
+                              intake_topic=self.intake_topic)

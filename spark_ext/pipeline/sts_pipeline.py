@@ -69,7 +69,7 @@ from spark_ext.pipeline.scaling import (ScaleController, SparkExecutors, pipelin
 from spark_ext.session import REALTIME_STOP_LOGGERS, is_connect, jvm_loggers_off, task_slots
 from spark_ext.sources.events import event_source
 from spark_ext.sources.kafka import DEAD_LETTER_COLUMN, kafka_lag
-from spark_ext.submit.channel_check import refuse_channel_mismatch
+from spark_ext.submit.channel_check import refuse_channel_mismatch, refuse_intake_mismatch
 from spark_ext.submit.executor_ready import announce, plugin_loaded
 from spark_ext.submit.realtime import REALTIME_BATCH, request_records
 from spark_ext.submit.submission import (ack_schema, check_sidecars)
@@ -475,6 +475,8 @@ class StsPipeline:
         if self.config.sidecar.check_at_start:  # before anything is written or served
             checked = self.check_sidecars()
             refuse_channel_mismatch(checked, self.config.sidecar.result_channel)
+            if self.config.output.realtime_submit:
+                refuse_intake_mismatch(checked, self.config.kafka.requests_topic)
         announce(self.spark, self.config.sidecar)  # new executors wait for their sidecar
         self.tables.create_tables(self.spark)
         # The last version written before this start: the answers topic publishes after it.
@@ -744,7 +746,7 @@ class StsPipeline:
         executors = SparkExecutors(self.spark) if scaling.enabled else None
         # The executor-ready plugin holds a new executor until its sidecar serves; the
         # warm-up's tasks would only take the serving executors' slots then.
-        warm_up = scaling.warm_up and not plugin_loaded(self.spark)
+        warm_up = executors is not None and scaling.warm_up and not plugin_loaded(self.spark)
         warmup = None if executors is None or not warm_up else ExecutorWarmup(
             executors.starting, lambda: check_sidecars(self.spark, self.config.sidecar),
             stopping=self._stopping)

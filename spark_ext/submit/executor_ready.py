@@ -104,9 +104,12 @@ def plugin_loaded(spark: Any) -> bool:
     a Spark Connect client never knows: its server's executors decide)."""
     from spark_ext.session import is_connect
 
-    if is_connect(spark):
+    if spark is None or is_connect(spark):
         return False
-    plugins = spark.sparkContext.getConf().get("spark.plugins", "") or ""
+    get_conf = getattr(getattr(spark, "sparkContext", None), "getConf", None)
+    if get_conf is None:  # not a classic session
+        return False
+    plugins = get_conf().get("spark.plugins", "") or ""
     return PLUGIN_CLASS in [p.strip() for p in plugins.split(",")]
 
 

@@ -293,7 +293,8 @@ SIDECAR_CHECK_SCHEMA = pa.schema([("partition", pa.int64()), ("endpoint", pa.str
                                   ("desired_gpus_exact", pa.float64()),
                                   ("demand_tokens_per_s", pa.float64()),
                                   ("executor", pa.string()),
-                                  ("result_channel", pa.string())])
+                                  ("result_channel", pa.string()),
+                                  ("intake_topic", pa.string())])
 
 
 def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointConfig
@@ -328,7 +329,9 @@ def _check_partition(batches: Iterator[pa.RecordBatch], config: SidecarEndpointC
          "demand_tokens_per_s": [scale.demand_tokens_per_s if scale else None],
          "executor": [executor_name()],
          "result_channel": [stats.result_channel.kind or None
-                            if stats is not None and stats.HasField("result_channel") else None]},
+                            if stats is not None and stats.HasField("result_channel") else None],
+         "intake_topic": [stats.intake_topic  # a sidecar too old to say: None
+                          if stats is not None and stats.HasField("intake_topic") else None]},
         schema=SIDECAR_CHECK_SCHEMA)
 
 
@@ -346,7 +349,8 @@ def check_sidecars(spark: SparkSession, config: SidecarEndpointConfig,
         One dict per task: ``partition``, ``endpoint``, ``serving``, ``error``, and the
         sidecar's ``sidecar_id`` and scale signal (``gpus``, ``desired_gpus``,
         ``desired_gpus_exact``, ``demand_tokens_per_s``; ``None`` when it does not serve),
-        the task's ``executor`` and the ``result_channel`` the sidecar writes to.
+        the task's ``executor``, the ``result_channel`` the sidecar writes to and the
+        ``intake_topic`` it reads requests from (``""``: none).
     """
     from spark_ext.session import task_slots
 

@@ -123,6 +123,32 @@ def test_a_realtime_submit_query_answers_every_event_once(spark, kafka_broker, t
         assert sorted(m.key().decode() for m in published) == sorted(answers)
 
 
+def test_a_sidecar_that_reads_another_requests_topic_is_refused_at_start(
+        spark, kafka_broker, tmp_path: Path) -> None:
+    """The submit query writes requests to one topic, the sidecar reads another: nothing
+    but the safety net would answer. The start-up check compares them and refuses in one
+    line naming both topics; no query starts."""
+    from spark_ext import PipelineConfigError
+
+    run = uuid.uuid4().hex[:8]
+    bootstrap = kafka_broker.bootstrap_servers
+    sidecar_args = [
+        "--engine", "simulated", "--sidecar-id", "rt-other", "--set", 'results.kind="kafka"',
+        "--set", f'results.kafka.bootstrap_servers="{bootstrap}"',
+        "--set", f'intake.topic="rt-{run}.other"', "--set", f'intake.group_id="rt-{run}"']
+    with RemoteSidecar(tmp_path / "results", sidecar_args,
+                       log_path=tmp_path / "sidecar.log") as sidecar:
+        pipeline = StsPipeline(spark, _config(tmp_path, bootstrap, run, sidecar.target,
+                                              "deltalake", None))
+        with pytest.raises(PipelineConfigError) as refused:
+            pipeline.start()
+    message = str(refused.value)
+    assert "\n" not in message, message
+    assert f"reads requests from 'rt-{run}.other' (its intake.topic)" in message, message
+    assert f"writes them to 'rt-{run}.requests' (kafka.requests_topic" in message, message
+    assert not [q for q in spark.streams.active if "sts-" in (q.name or "")]
+
+
 @pytest.mark.parametrize("writer", ["spark", "deltalake"])
 def test_the_models_answers_reach_the_answers_topic_in_real_time(spark, kafka_broker,
                                                                 tmp_path: Path,

@@ -714,6 +714,7 @@ class GetStatsResponse(_message.Message):
     CALIBRATION_FIELD_NUMBER: _builtins.int
     SCALE_FIELD_NUMBER: _builtins.int
     ID_CONFLICTS_FIELD_NUMBER: _builtins.int
+    INTAKE_TOPIC_FIELD_NUMBER: _builtins.int
     sidecar_id: _builtins.str
     engine: _builtins.str
     """/ "vllm" or "simulated"."""
@@ -747,6 +748,10 @@ class GetStatsResponse(_message.Message):
     id_conflicts: _builtins.int
     """/ Duplicates whose content differed from the first submission (id_conflict
     / on their acks): two requests sharing a request_id, not replays.
+    """
+    intake_topic: _builtins.str
+    """/ The Kafka topic this sidecar reads requests from (its intake.topic; what a pipeline
+    / whose submit query runs in Real-Time Mode writes); empty: no Kafka intake.
     """
     @_builtins.property
     def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolStats]: ...
@@ -802,12 +807,15 @@ class GetStatsResponse(_message.Message):
         calibration: _abc.Iterable[Global___EngineSpeed] | None = ...,
         scale: Global___ScaleSignal | None = ...,
         id_conflicts: _builtins.int = ...,
+        intake_topic: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["result_channel", b"result_channel", "scale", b"scale"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_intake_topic", b"_intake_topic", "intake_topic", b"intake_topic", "result_channel", b"result_channel", "scale", b"scale"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "calibration", b"calibration", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "id_conflicts", b"id_conflicts", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "scale", b"scale", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_intake_topic", b"_intake_topic", "accepted", b"accepted", "cached_tokens_total", b"cached_tokens_total", "calibration", b"calibration", "draining", b"draining", "duplicates", b"duplicates", "engine", b"engine", "engine_running", b"engine_running", "engine_waiting", b"engine_waiting", "id_conflicts", b"id_conflicts", "intake_topic", b"intake_topic", "kv_cache_usage", b"kv_cache_usage", "late_aborted", b"late_aborted", "late_in_flight", b"late_in_flight", "late_results", b"late_results", "model", b"model", "output_tokens_per_s", b"output_tokens_per_s", "pools", b"pools", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "prompt_tokens_total", b"prompt_tokens_total", "refusals_by_reason", b"refusals_by_reason", "result_channel", b"result_channel", "results_by_status", b"results_by_status", "scale", b"scale", "sidecar_id", b"sidecar_id", "submitted", b"submitted", "tokens_in_flight", b"tokens_in_flight", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__intake_topic: _TypeAlias = _typing.Literal["intake_topic"]  # noqa: Y015
+    _WhichOneofArgType__intake_topic: _TypeAlias = _typing.Literal["_intake_topic", b"_intake_topic"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__intake_topic) -> _WhichOneofReturnType__intake_topic | None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
 
