@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -496,10 +497,12 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
         try:
             answers = _run_until(pipeline, lambda a: len(a) == 3)
             # The listener hears each query's progress on its own: the answers batch and
-            # the submit batch's rows, in either order.
-            metrics = _scrape_until(pipeline, (
-                'sts_spark_batches_total{query="sts-answers"}',
-                'sts_spark_input_rows_total{query="sts-submit"} 3.0'))
+            # the submit batch's rows, in either order. It counts the session's queries
+            # by name, so a query of the same name an earlier test left in the shared
+            # session may add rows: at least this pipeline's three.
+            metrics = _scrape_until(pipeline, lambda text: (
+                'sts_spark_batches_total{query="sts-answers"}' in text
+                and _value(text, 'sts_spark_input_rows_total{query="sts-submit"}') >= 3))
         finally:
             pipeline.stop()
     assert {(a["answer_source"], a["status"], a["reason"]) for a in answers.values()} == {
@@ -518,7 +521,7 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
     assert 'sts_spark_scale{measure="gpus"} 1.0' in metrics
     assert 'sts_spark_scale{measure="desired_gpus"} 1.0' in metrics
     assert "sts_spark_requests_submitted_total 3.0" in metrics
-    assert 'sts_spark_input_rows_total{query="sts-submit"} 3.0' in metrics
+    assert _value(metrics, 'sts_spark_input_rows_total{query="sts-submit"}') >= 3
     assert "sts_spark_backlog_requests 0.0" in metrics
     # Where the answers micro-batches' time went: the ledger in each, the answers' append.
     steps = {m.group(1): float(m.group(2)) for m in re.finditer(
@@ -531,20 +534,28 @@ def test_an_answer_that_leaks_an_email_goes_to_review_not_to_the_reader(
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
-def _scrape_until(pipeline: StsPipeline, lines: tuple[str, ...],
+def _value(text: str, sample: str) -> float:
+    """A sample's value in a Prometheus text page (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _scrape_until(pipeline: StsPipeline, done: Callable[[str], bool],
                   timeout_s: float = 120.0) -> str:
-    """The driver's /metrics once it has every one of ``lines``. Spark's listener bus
-    hears each query's progress on its own thread, after the batch, and on a busy machine
-    late; a miss names the listener's lines it had."""
+    """The driver's /metrics once ``done`` holds for it. Spark's listener bus hears each
+    query's progress on its own thread, after the batch, and on a busy machine late; a
+    miss names the listener's lines it had."""
     deadline = time.monotonic() + timeout_s
     while True:
         text = _scrape(pipeline)
-        if all(line in text for line in lines):
+        if done(text):
             return text
         if time.monotonic() > deadline:
             heard = [m for m in text.splitlines()
                      if m.startswith(("sts_spark_batches_total", "sts_spark_input_rows_total"))]
-            raise AssertionError(f"/metrics lacks {lines} after {timeout_s}s; it has {heard}")
+            raise AssertionError(f"/metrics not as awaited after {timeout_s}s; it has {heard}")
         time.sleep(0.2)
 
 
